@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "config/result.h"
@@ -40,5 +41,21 @@ struct token_map {
 };
 result<token_map> build_compressed_token_map(const std::vector<std::string>& decoded,
                                              const std::vector<std::string>& raw);
+
+// The key of one token as the reference's normalizer chain makes it (HF `tokenizers`: NFKC, NFD,
+// StripAccents, Lowercase, [ \t\r\n]+ -> " ", a lone " " kept through Strip via a private-use
+// sentinel, Strip). Before the empty / U+FFFD fallbacks of build_compressed_token_map.
+// Errors on invalid UTF-8.
+result<std::string> normalize_token_key(std::string_view decoded);
+
+// One byte-level BPE token decoded alone, as HF's ByteLevel decoder does it: every character is
+// mapped back through the GPT-2 byte<->unicode table (bytes 33..126, 161..172, 174..255 are
+// themselves, the others 256+n in order); a token holding any character outside that table
+// (added tokens such as "<｜User｜>") contributes its own UTF-8 bytes. The bytes are then read as
+// UTF-8 lossily: each maximal invalid subsequence becomes U+FFFD (Rust's from_utf8_lossy).
+std::string decode_byte_level(std::string_view token);
+
+// UTF-8 with each maximal invalid subsequence replaced by U+FFFD (Rust String::from_utf8_lossy).
+std::string utf8_lossy(std::string_view bytes);
 
 }  // namespace moestream::engram

@@ -6,8 +6,8 @@
 // E8M0 scales (32x32 tiles for weights, 32-element blocks for engram rows) and FP4 E2M1 with
 // 32-element E8M0 scales, two adjacent elements per byte (element 2k low nibble, 2k+1 high).
 //
-// Kernels are vectorised with AVX2/FMA when the CPU has them (chosen once at run time) and fall
-// back to scalar code; both paths are tested against each other and against independent values.
+// Kernels are vectorised with AVX2/FMA (plus AVX-512F for the quantized dots) when the CPU has
+// them (chosen once at run time) and fall back to scalar code; both paths are tested against each other and against independent values.
 // Thread safety: all functions are pure.
 #pragma once
 
@@ -56,7 +56,8 @@ void unpack_mxfp4_to_fp4(const void* mxfp4, int64_t rows, int64_t cols, uint8_t*
 // One engram row: n e4m3 values with one e8m0 scale per 32.
 void dequantize_fp8_row_scaled(const uint8_t* v, const uint8_t* scales, int64_t n, float* out);
 
-// Which implementation the dispatcher picked ("avx2" or "scalar"), for bench output and tests.
+// Which implementation the dispatcher picked, for bench output and tests: "avx512" (the AVX2 set
+// with AVX-512F Q8_0/MXFP4 dots), "avx2" or "scalar".
 const char* kernel_isa();
 // Forces the scalar path (tests compare both paths). Not thread-safe; call before use.
 void force_scalar(bool on);

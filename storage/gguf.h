@@ -65,6 +65,8 @@ struct value {
     result<std::string> as_string() const;
     const std::vector<value>* as_array() const;  // nullptr unless an array
     std::string to_display(size_t max_items = 8) const;  // for `inspect`
+
+    friend bool operator==(const value&, const value&) = default;
 };
 
 struct kv {
@@ -171,12 +173,19 @@ private:
         std::vector<int64_t> shape;
         tensor_filler fill;
     };
+    // The kv set of one shard: the user's keys, general.alignment and (split models) split.*.
+    std::vector<kv> shard_metadata(uint32_t shard) const;
+    // Writes tensors [first, last) with their header to `file`.
+    result<void> write_shard(const std::string& file, uint32_t shard, size_t first, size_t last,
+                             const std::vector<uint64_t>& sizes);
+
     writer_options opts_;
     std::vector<kv> metadata_;
     std::vector<pending_tensor> tensors_;
 };
 
-// "name-00001-of-00011.gguf" naming used for split models.
+// "name-00001-of-00011.gguf" naming used for split models. `shard` is 0-based (as in
+// tensor_info::shard and split.no); the number in the name is 1-based, as gguf-split writes it.
 std::string split_path(const std::string& single_path, uint32_t shard, uint32_t count);
 
 }  // namespace moestream::gguf

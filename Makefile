@@ -1,0 +1,45 @@
+# The whole set-up: `make run` and `make test` (see README.md).
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
+JOBS       ?= $(shell nproc)
+DEMO_MODEL ?= demo/mini-lite.gguf
+FUZZ_SECONDS ?= 60
+MOESTREAM  := $(BUILD)/tools/moestream
+
+.PHONY: all deps build run demo test test-release test-asan test-fuzz clean
+
+all: build
+
+deps:
+	@scripts/setup.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+$(DEMO_MODEL): | build
+	@mkdir -p $(dir $(DEMO_MODEL))
+	$(MOESTREAM) forge --preset mini-lite --out $(DEMO_MODEL) --seed 1
+
+demo: build $(DEMO_MODEL)
+
+run: demo
+	@scripts/run_demo.sh $(MOESTREAM) $(DEMO_MODEL)
+
+# Every test: the Release suite (ctest), the sanitizer suite and the bounded fuzz run.
+test: test-release test-asan test-fuzz
+
+test-release: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	@cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOESTREAM_SANITIZE=ON -DMOESTREAM_CUDA=OFF >/dev/null
+	@cmake --build $(BUILD_ASAN) -j $(JOBS) --target test_config test_storage test_model
+	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -R '^(config|storage|model)$$'
+
+test-fuzz: deps
+	tests/fuzz/run_fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

@@ -1,0 +1,92 @@
+// The one typed configuration of moestream: defaults, overridden by a JSON file (--config),
+// overridden by CLI flags. Validated once in load_config(); every message names the field and
+// why it is wrong. Modules receive const& slices (cache_settings, io_settings, ...).
+//
+// This is the only place that reads the environment (MOESTREAM_DEPS_DIR, MOESTREAM_LOG).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "config/cli.h"
+#include "config/result.h"
+
+namespace moestream {
+
+struct model_settings {
+    std::string path;        // target GGUF (first shard for split models)
+    std::string draft_path;  // optional DSpark `dflash` GGUF
+};
+
+// Expert cache budgets. The device tier is VRAM on CUDA, a budgeted RAM region on the CPU backend.
+struct cache_settings {
+    double device_cache_gib = 0.5;
+    double host_cache_gib = 2.0;
+};
+
+enum class io_mode { coroutine, remap_sync };
+
+struct io_settings {
+    int64_t depth = 64;        // io_uring submissions in flight at most
+    int64_t chunk_kib = 1024;  // expert reads are split into chunks of this size
+    io_mode mode = io_mode::coroutine;
+};
+
+struct runtime_settings {
+    int64_t threads = 0;             // compute threads; 0 = one per core
+    int64_t context_tokens = 8192;   // per sequence
+    int64_t sequences_max = 8;       // continuous batching width
+    std::string backend = "auto";    // auto, cpu, cuda
+};
+
+struct server_settings {
+    std::string host = "127.0.0.1";
+    int64_t port = 8080;
+    std::vector<std::string> api_keys;
+    std::vector<std::string> cors_origins;
+    int64_t body_bytes_max = 8 << 20;
+    int64_t wait_queue_max = 64;
+    int64_t request_timeout_s = 600;
+};
+
+struct log_settings {
+    std::string level = "info";  // trace, debug, info, warn, error, off
+};
+
+struct paths_settings {
+    std::string deps_dir;  // where the set-up put fetched data (the DeepSeek tokenizer)
+};
+
+struct moestream_config {
+    model_settings model;
+    cache_settings cache;
+    io_settings io;
+    runtime_settings runtime;
+    server_settings server;
+    log_settings log;
+    paths_settings paths;
+};
+
+// The CLI flags every model-running command accepts (--config, --device-cache, --io-depth, ...).
+std::span<const cli::option_spec> config_option_specs();
+// specs + config_option_specs(), for a command's option table.
+std::vector<cli::option_spec> with_config_options(std::initializer_list<cli::option_spec> specs);
+
+// Defaults <- JSON file named by --config (if any) <- CLI flags; then validation.
+result<moestream_config> load_config(const cli::args& args);
+// Parses a JSON document over `base` (used by load_config and the tests).
+result<moestream_config> apply_json(moestream_config base, std::string_view json, std::string_view origin);
+status validate(const moestream_config& cfg);
+
+// The effective configuration as JSON (logged at start-up, printed by `moestream config`).
+std::string to_json(const moestream_config& cfg);
+
+const char* io_mode_name(io_mode m);
+
+// Folder with the shipped presets (config/*.json in the source tree).
+std::string default_config_dir();
+
+}  // namespace moestream

@@ -1,0 +1,524 @@
+// Scalar conversions and kernels, plus the run-time dispatch to the AVX2 versions
+// (quant_avx2.cpp). The scalar code is the reference the AVX2 code is tested against, so it
+// favours obviousness over speed.
+#include "model/quant.h"
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "config/assert.h"
+#include "model/quant_internal.h"
+
+namespace moestream::quant {
+namespace {
+
+using detail::block_mxfp4;
+using detail::block_q8_0;
+using detail::kBlock;
+
+// ---------------------------------------------------------------- minifloat encoding
+
+// Layout of a small binary float format without inf: `mbits` mantissa bits, exponent `bias`,
+// largest finite magnitude code `max_code` (codes are sign-less here).
+struct minifloat {
+    int mbits;
+    int bias;
+    uint32_t max_code;
+};
+
+// Round-to-nearest-even of the positive finite fp32 `a` into `fmt`, returning the magnitude code
+// before any overflow handling (may exceed max_code; the caller saturates or makes inf). Works on
+// the integer significand so the result does not depend on the FPU rounding mode or FTZ.
+uint32_t encode_minifloat(float a, const minifloat& fmt) {
+    MS_ASSERT(a >= 0.0f && std::isfinite(a));
+    MS_ASSERT(fmt.mbits >= 1 && fmt.mbits <= 10);
+    const uint32_t bits = std::bit_cast<uint32_t>(a);
+    const int field = int(bits >> 23);
+    if (bits == 0) return 0;
+    const int e_unb = (field == 0 ? 1 : field) - 127;           // exponent of the fp32 quantum + 23
+    const uint32_t sig = (bits & 0x7fffffu) | (field ? 0x800000u : 0u);  // a = sig * 2^(e_unb-23)
+    const int emin = 1 - fmt.bias;                                // smallest normal exponent
+    // Above the format's range by more than a binade: report "overflow" without shifting by
+    // negative amounts (the target exponent field would not fit anyway).
+    if (e_unb > emin + 40) return fmt.max_code + 1;
+    const int e_tgt = std::max(e_unb, emin);                      // subnormals share emin's quantum
+    const int shift = (e_tgt - fmt.mbits) - (e_unb - 23);         // >= 13 for every format here
+    uint32_t q = 0;
+    if (shift < 32) {
+        q = sig >> shift;
+        const uint32_t rem = sig & ((1u << shift) - 1u);
+        const uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1u))) ++q;         // carry may bump the exponent
+    }
+    // Normal: field (e_tgt + bias) holds q - 2^mbits; subnormal: field 0 holds q. Both are this.
+    return (uint32_t(e_tgt + fmt.bias - 1) << fmt.mbits) + q;
+}
+
+constexpr minifloat kF16{10, 15, 0x7bff};
+constexpr minifloat kE4m3{3, 7, 0x7e};  // 0x7f is NaN, so 0x7e (448) is the largest
+constexpr minifloat kE2m1{1, 1, 0x7};
+
+// ---------------------------------------------------------------- lookup tables
+
+struct tables {
+    float e4m3[256];
+    float e8m0[256];
+    float e2m1[16];
+    tables() {
+        for (int i = 0; i < 256; ++i) e4m3[i] = e4m3_to_f32(uint8_t(i));
+        for (int i = 0; i < 256; ++i) e8m0[i] = e8m0_to_f32(uint8_t(i));
+        for (int i = 0; i < 16; ++i) e2m1[i] = e2m1_to_f32(uint8_t(i));
+    }
+};
+
+const tables& lut() {
+    static const tables t;
+    return t;
+}
+
+// ---------------------------------------------------------------- scalar row kernels
+
+float load_f16_scale(const block_q8_0& b) {
+    uint16_t d;
+    std::memcpy(&d, &b.d, sizeof d);  // rows need not be 2-byte aligned inside a mapped file
+    return f16_to_f32(d);
+}
+
+float dot_f32_scalar(const void* row, const float* x, int64_t n) {
+    const float* w = static_cast<const float*>(row);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) acc += w[i] * x[i];
+    return acc;
+}
+
+float dot_f16_scalar(const void* row, const float* x, int64_t n) {
+    const uint8_t* w = static_cast<const uint8_t*>(row);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, w + 2 * i, 2);
+        acc += f16_to_f32(h) * x[i];
+    }
+    return acc;
+}
+
+float dot_bf16_scalar(const void* row, const float* x, int64_t n) {
+    const uint8_t* w = static_cast<const uint8_t*>(row);
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t b;
+        std::memcpy(&b, w + 2 * i, 2);
+        acc += detail::bf16_bits_to_f32(b) * x[i];
+    }
+    return acc;
+}
+
+// Per block: exact-ish int8 x fp32 sum first, one multiply by the scale (as ggml does).
+float dot_q8_0_scalar(const void* row, const float* x, int64_t n) {
+    MS_ASSERT(n % kBlock == 0);
+    const block_q8_0* b = static_cast<const block_q8_0*>(row);
+    float acc = 0.0f;
+    for (int64_t ib = 0; ib < n / kBlock; ++ib, x += kBlock) {
+        float s = 0.0f;
+        for (int j = 0; j < kBlock; ++j) s += float(b[ib].qs[j]) * x[j];
+        acc += s * load_f16_scale(b[ib]);
+    }
+    return acc;
+}
+
+float dot_mxfp4_scalar(const void* row, const float* x, int64_t n) {
+    MS_ASSERT(n % kBlock == 0);
+    const block_mxfp4* b = static_cast<const block_mxfp4*>(row);
+    float acc = 0.0f;
+    for (int64_t ib = 0; ib < n / kBlock; ++ib, x += kBlock) {
+        float s = 0.0f;
+        for (int j = 0; j < kBlock / 2; ++j) {
+            s += float(detail::kE2m1Doubled[b[ib].qs[j] & 0x0f]) * x[j];
+            s += float(detail::kE2m1Doubled[b[ib].qs[j] >> 4]) * x[j + kBlock / 2];
+        }
+        acc += s * detail::e8m0_half_to_f32(b[ib].e);
+    }
+    return acc;
+}
+
+void dequantize_f16_scalar(const void* src, float* dst, int64_t n) {
+    const uint8_t* p = static_cast<const uint8_t*>(src);
+    for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, p + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+    }
+}
+
+// ---------------------------------------------------------------- quantizers (ggml reference)
+
+// ggml quantize_row_q8_0_ref: d = amax/127, q = roundf(x * (1/d)) (half away from zero), the
+// scale stored as fp16 after computing q with the fp32 d. amax/127 above 65504 stores inf, as
+// in ggml.
+void quantize_q8_0(const float* src, void* dst, int64_t n) {
+    MS_ASSERT(n % kBlock == 0);
+    auto* out = static_cast<uint8_t*>(dst);
+    for (int64_t ib = 0; ib < n / kBlock; ++ib, src += kBlock, out += sizeof(block_q8_0)) {
+        float amax = 0.0f;
+        for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(src[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = f32_to_f16(d);
+        std::memcpy(out, &dh, 2);
+        for (int j = 0; j < kBlock; ++j) out[2 + j] = uint8_t(int8_t(std::roundf(src[j] * id)));
+    }
+}
+
+// ggml best_index_mxfp4: first index (scan 0..15) of the least |kv*d - x|. Ties therefore go to
+// the smaller magnitude (0.75 -> 0.5, not the even code 1.0) and zero is always +0 (code 0).
+// This deliberately differs from f32_to_e2m1 (ties to even) so our GGUFs match llama.cpp's.
+uint8_t best_index_mxfp4(float x, float d) {
+    int best = 0;
+    float best_err = std::fabs(float(detail::kE2m1Doubled[0]) * d - x);
+    for (int i = 1; i < 16; ++i) {
+        const float err = std::fabs(float(detail::kE2m1Doubled[i]) * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return uint8_t(best);
+}
+
+// ggml quantize_row_mxfp4_ref: E = floor(log2f(amax)) - 2 + 127 (so amax/2^(E-127) lies in
+// [4, 8) and values above 6 clip to 6), E = 0 for an all-zero block. We clamp E to [0, 254],
+// where ggml's uint8 cast of an out-of-range float is undefined (amax < 2^-125 or non-finite).
+uint8_t mxfp4_exponent(const float* x) {
+    float amax = 0.0f;
+    for (int j = 0; j < kBlock; ++j) amax = std::max(amax, std::fabs(x[j]));  // NaN is skipped
+    if (!(amax > 0.0f)) return 0;
+    if (std::isinf(amax)) return 254;
+    const float e = std::floor(std::log2(amax)) - 2.0f + 127.0f;
+    return uint8_t(std::clamp(e, 0.0f, 254.0f));
+}
+
+void quantize_mxfp4(const float* src, void* dst, int64_t n) {
+    MS_ASSERT(n % kBlock == 0);
+    auto* out = static_cast<block_mxfp4*>(dst);
+    for (int64_t ib = 0; ib < n / kBlock; ++ib, src += kBlock) {
+        block_mxfp4 b;
+        b.e = mxfp4_exponent(src);
+        const float d = detail::e8m0_half_to_f32(b.e);
+        for (int j = 0; j < kBlock / 2; ++j)
+            b.qs[j] = uint8_t(best_index_mxfp4(src[j], d) | (best_index_mxfp4(src[j + 16], d) << 4));
+        std::memcpy(&out[ib], &b, sizeof b);
+    }
+}
+
+// ---------------------------------------------------------------- dispatch
+
+using dot_fn = float (*)(const void*, const float*, int64_t);
+using row_fn = void (*)(const void*, float*, int64_t);
+
+struct kernel_set {
+    const char* isa;
+    dot_fn f32, f16, bf16, q8_0, mxfp4;
+    row_fn dequant_f16;
+};
+
+constexpr kernel_set kScalar{"scalar",        dot_f32_scalar,  dot_f16_scalar,
+                             dot_bf16_scalar, dot_q8_0_scalar, dot_mxfp4_scalar,
+                             dequantize_f16_scalar};
+constexpr kernel_set kAvx2{"avx2",
+                           detail::dot_f32_avx2,
+                           detail::dot_f16_avx2,
+                           detail::dot_bf16_avx2,
+                           detail::dot_q8_0_avx2,
+                           detail::dot_mxfp4_avx2,
+                           detail::dequantize_f16_avx2};
+
+// The AVX2 set with the quantized dots swapped for their AVX-512F versions.
+constexpr kernel_set kAvx512{"avx512",
+                             detail::dot_f32_avx2,
+                             detail::dot_f16_avx2,
+                             detail::dot_bf16_avx2,
+                             detail::dot_q8_0_avx512,
+                             detail::dot_mxfp4_avx512,
+                             detail::dequantize_f16_avx2};
+
+bool cpu_has_avx2() {
+    static const bool has = [] {
+        __builtin_cpu_init();  // needed if we are first called from a static initialiser
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    }();
+    return has;
+}
+
+bool cpu_has_avx512() {
+    static const bool has = cpu_has_avx2() && __builtin_cpu_supports("avx512f");
+    return has;
+}
+
+std::atomic<bool> g_force_scalar{false};
+
+const kernel_set& kernels() {
+    if (g_force_scalar.load(std::memory_order_relaxed) || !cpu_has_avx2()) return kScalar;
+    return cpu_has_avx512() ? kAvx512 : kAvx2;
+}
+
+dot_fn pick_dot(ggml_type type) {
+    const kernel_set& k = kernels();
+    switch (type) {
+        case ggml_type::f32: return k.f32;
+        case ggml_type::f16: return k.f16;
+        case ggml_type::bf16: return k.bf16;
+        case ggml_type::q8_0: return k.q8_0;
+        case ggml_type::mxfp4: return k.mxfp4;
+        default: break;
+    }
+    MS_ASSERT_MSG(false, "dot_row/gemv: type has no CPU kernel");
+    return nullptr;
+}
+
+void check_row(ggml_type type, int64_t n) {
+    const dtype_traits& t = dtype_info(type);
+    MS_ASSERT_MSG(t.compute_supported, "type has no CPU kernel");
+    MS_ASSERT_MSG(n >= 0 && n % t.block_elems == 0, "row length is not a multiple of the block size");
+}
+
+// Scale of 32-element block `b` of an e8m0-scaled fp8/fp4 row.
+float block_scale(const uint8_t* scales, int64_t b) { return lut().e8m0[scales[b]]; }
+
+}  // namespace
+
+// ================================================================ scalar conversions
+
+float f16_to_f32(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    const uint32_t man = h & 0x3ffu;
+    if (exp == 0x1f) {
+        // inf, or NaN with its payload kept and made quiet, as the F16C instruction does.
+        return std::bit_cast<float>(sign | 0x7f800000u | (man ? 0x400000u | (man << 13) : 0u));
+    }
+    if (exp != 0) return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+    // Zero or subnormal: man * 2^-24 is exact in fp32.
+    const float mag = float(man) * 0x1p-24f;
+    return sign ? -mag : mag;
+}
+
+uint16_t f32_to_f16(float f) {
+    const uint32_t bits = std::bit_cast<uint32_t>(f);
+    const uint16_t sign = uint16_t((bits >> 16) & 0x8000u);
+    const uint32_t abs = bits & 0x7fffffffu;
+    if (abs > 0x7f800000u) return uint16_t(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));  // quiet NaN
+    if (abs == 0x7f800000u) return uint16_t(sign | 0x7c00u);
+    const uint32_t code = encode_minifloat(std::bit_cast<float>(abs), kF16);
+    return uint16_t(sign | (code > kF16.max_code ? 0x7c00u : code));  // overflow -> inf
+}
+
+float bf16_to_f32(uint16_t b) { return detail::bf16_bits_to_f32(b); }
+
+uint16_t f32_to_bf16(float f) {
+    const uint32_t bits = std::bit_cast<uint32_t>(f);
+    // Truncating a NaN could leave an all-zero mantissa (= inf); force the quiet bit instead.
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40u);
+    // RNE: adding 0x7fff plus the kept LSB carries exactly when above half or at an odd tie;
+    // a carry out of the mantissa correctly bumps the exponent (up to inf).
+    return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+float e4m3_to_f32(uint8_t v) {
+    const bool neg = v & 0x80u;
+    const int exp = (v >> 3) & 0xf;
+    const int man = v & 0x7;
+    if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
+    const float mag = exp == 0 ? std::ldexp(float(man), -9)               // subnormal: m * 2^-9
+                               : std::ldexp(float(8 + man), exp - 7 - 3);  // (1 + m/8) 2^(e-7)
+    return neg ? -mag : mag;
+}
+
+uint8_t f32_to_e4m3(float f) {
+    const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+    if (std::isnan(f)) return uint8_t(sign | 0x7f);
+    if (std::isinf(f)) return uint8_t(sign | kE4m3.max_code);  // saturating: no inf in e4m3
+    const uint32_t code = encode_minifloat(std::fabs(f), kE4m3);
+    return uint8_t(sign | std::min(code, kE4m3.max_code));
+}
+
+float e8m0_to_f32(uint8_t e) {
+    if (e == 0xff) return std::numeric_limits<float>::quiet_NaN();
+    // 2^(e-127): e = 0 is the fp32 subnormal 2^-127, still exact.
+    return e == 0 ? std::bit_cast<float>(0x00400000u) : std::bit_cast<float>(uint32_t(e) << 23);
+}
+
+float e2m1_to_f32(uint8_t nibble) {
+    MS_ASSERT(nibble < 16);
+    const float mag = float(detail::kE2m1Doubled[nibble & 7]) * 0.5f;
+    return nibble & 8 ? -mag : mag;
+}
+
+uint8_t f32_to_e2m1(float f) {
+    if (std::isnan(f)) return 0;  // E2M1 has no NaN; a NaN input decodes as 0
+    const uint8_t sign = std::signbit(f) ? 0x8 : 0x0;
+    const float a = std::fabs(f);
+    if (a >= 6.0f) return uint8_t(sign | kE2m1.max_code);  // also catches inf
+    return uint8_t(sign | std::min(encode_minifloat(a, kE2m1), kE2m1.max_code));
+}
+
+// ================================================================ GGUF rows
+
+void dequantize_row(ggml_type type, const void* src, float* dst, int64_t n) {
+    check_row(type, n);
+    switch (type) {
+        case ggml_type::f32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+        case ggml_type::f16: kernels().dequant_f16(src, dst, n); return;
+        case ggml_type::bf16: {
+            const uint8_t* p = static_cast<const uint8_t*>(src);
+            for (int64_t i = 0; i < n; ++i) {
+                uint16_t b;
+                std::memcpy(&b, p + 2 * i, 2);
+                dst[i] = bf16_to_f32(b);
+            }
+            return;
+        }
+        case ggml_type::q8_0: {
+            const block_q8_0* b = static_cast<const block_q8_0*>(src);
+            for (int64_t ib = 0; ib < n / kBlock; ++ib) {
+                const float d = load_f16_scale(b[ib]);
+                for (int j = 0; j < kBlock; ++j) dst[ib * kBlock + j] = float(b[ib].qs[j]) * d;
+            }
+            return;
+        }
+        case ggml_type::mxfp4: {
+            const block_mxfp4* b = static_cast<const block_mxfp4*>(src);
+            for (int64_t ib = 0; ib < n / kBlock; ++ib) {
+                const float d = detail::e8m0_half_to_f32(b[ib].e);
+                float* o = dst + ib * kBlock;
+                for (int j = 0; j < kBlock / 2; ++j) {
+                    o[j] = float(detail::kE2m1Doubled[b[ib].qs[j] & 0x0f]) * d;
+                    o[j + 16] = float(detail::kE2m1Doubled[b[ib].qs[j] >> 4]) * d;
+                }
+            }
+            return;
+        }
+        default: MS_ASSERT(false);
+    }
+}
+
+void quantize_row(ggml_type type, const float* src, void* dst, int64_t n) {
+    check_row(type, n);
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    switch (type) {
+        case ggml_type::f32: std::memcpy(dst, src, size_t(n) * sizeof(float)); return;
+        case ggml_type::f16:
+            for (int64_t i = 0; i < n; ++i) {
+                const uint16_t h = f32_to_f16(src[i]);
+                std::memcpy(out + 2 * i, &h, 2);
+            }
+            return;
+        case ggml_type::bf16:
+            for (int64_t i = 0; i < n; ++i) {
+                const uint16_t b = f32_to_bf16(src[i]);
+                std::memcpy(out + 2 * i, &b, 2);
+            }
+            return;
+        case ggml_type::q8_0: quantize_q8_0(src, dst, n); return;
+        case ggml_type::mxfp4: quantize_mxfp4(src, dst, n); return;
+        default: MS_ASSERT(false);
+    }
+}
+
+float dot_row(ggml_type type, const void* row, const float* x, int64_t n) {
+    check_row(type, n);
+    return pick_dot(type)(row, x, n);
+}
+
+// One row at a time: x (a few KB to 64 KB) stays in L1/L2 while the weights stream from memory,
+// so the loop is bandwidth-bound and per-row dispatch costs nothing measurable.
+void gemv(ggml_type type, const void* w, int64_t rows, int64_t cols, const float* x, float* y) {
+    check_row(type, cols);
+    MS_ASSERT(rows >= 0);
+    const dot_fn dot = pick_dot(type);
+    const int64_t stride = row_bytes(dtype_info(type), cols);
+    const uint8_t* p = static_cast<const uint8_t*>(w);
+    for (int64_t r = 0; r < rows; ++r) y[r] = dot(p + r * stride, x, cols);
+}
+
+// ================================================================ checkpoint formats
+
+void dequantize_fp8_tiled(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t cols,
+                          int64_t tile, float* out) {
+    MS_ASSERT(rows >= 0 && cols >= 0);
+    MS_ASSERT(tile > 0);
+    const int64_t tiles_per_row = (cols + tile - 1) / tile;
+    const tables& t = lut();
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* srow = scales + (r / tile) * tiles_per_row;
+        for (int64_t c = 0; c < cols; ++c)
+            out[r * cols + c] = t.e4m3[w[r * cols + c]] * t.e8m0[srow[c / tile]];
+    }
+}
+
+void dequantize_fp4_checkpoint(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t cols,
+                               float* out) {
+    MS_ASSERT(rows >= 0 && cols >= 0);
+    MS_ASSERT_MSG(cols % kBlock == 0, "fp4 rows hold whole 32-element scale blocks");
+    const tables& t = lut();
+    for (int64_t r = 0; r < rows; ++r) {
+        const uint8_t* wr = w + r * (cols / 2);
+        const uint8_t* sr = scales + r * (cols / kBlock);
+        float* o = out + r * cols;
+        for (int64_t k = 0; k < cols / 2; ++k) {
+            const float d = t.e8m0[sr[(2 * k) / kBlock]];
+            o[2 * k] = t.e2m1[wr[k] & 0x0f] * d;
+            o[2 * k + 1] = t.e2m1[wr[k] >> 4] * d;
+        }
+    }
+}
+
+void repack_fp4_to_mxfp4(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t cols,
+                         void* mxfp4_out) {
+    MS_ASSERT(rows >= 0 && cols >= 0);
+    MS_ASSERT_MSG(cols % kBlock == 0, "fp4 rows hold whole 32-element scale blocks");
+    const int64_t nblocks = rows * (cols / kBlock);
+    auto* out = static_cast<uint8_t*>(mxfp4_out);
+    // Rows are contiguous in both layouts, so block b of the matrix is bytes [16b, 16b+16) of w.
+    for (int64_t b = 0; b < nblocks; ++b) {
+        const uint8_t* src = w + b * (kBlock / 2);
+        block_mxfp4 blk;
+        blk.e = scales[b];
+        auto nib = [src](int i) { return uint8_t((src[i / 2] >> (4 * (i & 1))) & 0x0f); };
+        for (int j = 0; j < kBlock / 2; ++j) blk.qs[j] = uint8_t(nib(j) | (nib(j + 16) << 4));
+        std::memcpy(out + b * sizeof(block_mxfp4), &blk, sizeof blk);
+    }
+}
+
+void unpack_mxfp4_to_fp4(const void* mxfp4, int64_t rows, int64_t cols, uint8_t* w_out,
+                         uint8_t* scales_out) {
+    MS_ASSERT(rows >= 0 && cols >= 0);
+    MS_ASSERT_MSG(cols % kBlock == 0, "fp4 rows hold whole 32-element scale blocks");
+    const int64_t nblocks = rows * (cols / kBlock);
+    const auto* in = static_cast<const uint8_t*>(mxfp4);
+    for (int64_t b = 0; b < nblocks; ++b) {
+        block_mxfp4 blk;
+        std::memcpy(&blk, in + b * sizeof(block_mxfp4), sizeof blk);
+        scales_out[b] = blk.e;
+        auto elem = [&blk](int i) { return uint8_t(i < 16 ? blk.qs[i] & 0x0f : blk.qs[i - 16] >> 4); };
+        uint8_t* dst = w_out + b * (kBlock / 2);
+        for (int k = 0; k < kBlock / 2; ++k) dst[k] = uint8_t(elem(2 * k) | (elem(2 * k + 1) << 4));
+    }
+}
+
+void dequantize_fp8_row_scaled(const uint8_t* v, const uint8_t* scales, int64_t n, float* out) {
+    MS_ASSERT(n >= 0);
+    MS_ASSERT(v != nullptr || n == 0);
+    const tables& t = lut();
+    for (int64_t i = 0; i < n; ++i) out[i] = t.e4m3[v[i]] * block_scale(scales, i / kBlock);
+}
+
+const char* kernel_isa() { return kernels().isa; }
+
+void force_scalar(bool on) { g_force_scalar.store(on, std::memory_order_relaxed); }
+
+}  // namespace moestream::quant

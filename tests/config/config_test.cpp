@@ -1,0 +1,80 @@
+#include <boost/test/unit_test.hpp>
+#include <fstream>
+
+#include "config/config.h"
+#include "tests/common/test_support.h"
+
+using namespace moestream;
+
+namespace {
+result<moestream_config> load(std::vector<std::string> argv) {
+    auto specs = with_config_options({{"model", "FILE", ""}, {"port", "N", ""}, {"api-key", "KEY", ""}});
+    auto a = cli::args::parse(argv, specs);
+    BOOST_REQUIRE(a.ok());
+    return load_config(*a);
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(defaults_validate) {
+    auto c = load({});
+    BOOST_REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.message()));
+    BOOST_TEST(c->server.host == "127.0.0.1");
+    BOOST_TEST(std::string(io_mode_name(c->io.mode)) == "coroutine");
+}
+
+BOOST_AUTO_TEST_CASE(flags_override_file_over_defaults) {
+    auto dir = test::scratch_dir("config_layers");
+    auto path = (dir / "c.json").string();
+    std::ofstream(path) << R"({"cache": {"device_cache_gib": 3, "host_cache_gib": 9}, "io": {"depth": 7}})";
+    auto c = load({"--config", path, "--host-cache", "11", "--io-mode", "remap-sync", "--api-key", "a", "--api-key", "b"});
+    BOOST_REQUIRE_MESSAGE(c.ok(), (c.ok() ? "" : c.message()));
+    BOOST_TEST(c->cache.device_cache_gib == 3.0);   // from the file
+    BOOST_TEST(c->cache.host_cache_gib == 11.0);    // flag wins over the file
+    BOOST_TEST(c->io.depth == 7);
+    BOOST_TEST(c->io.chunk_kib == 1024);            // default
+    BOOST_TEST(std::string(io_mode_name(c->io.mode)) == "remap-sync");
+    BOOST_TEST(c->server.api_keys.size() == 2u);
+    BOOST_TEST(to_json(*c).find("<redacted>") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(errors_name_the_field) {
+    auto check = [](std::string json, std::string expect) {
+        auto r = apply_json({}, json, "x.json");
+        std::string msg;
+        if (r.ok()) {
+            auto v = validate(*r);
+            BOOST_REQUIRE_MESSAGE(!v.ok(), "accepted: " + json);
+            msg = v.message();
+        } else {
+            msg = r.message();
+        }
+        BOOST_TEST_MESSAGE(msg);
+        BOOST_TEST(msg.find(expect) != std::string::npos, msg << " lacks " << expect);
+    };
+    check(R"({"io": {"depth": "deep"}})", "io.depth");
+    check(R"({"io": {"depth": 0}})", "io.depth");
+    check(R"({"io": {"chunk_kib": 6}})", "io.chunk_kib");
+    check(R"({"io": {"mode": "fast"}})", "io.mode");
+    check(R"({"cache": {"device_cache_gb": 1}})", "cache.device_cache_gb");
+    check(R"({"caches": {}})", "caches");
+    check(R"({"server": {"port": 70000}})", "server.port");
+    check(R"({"log": {"level": "loud"}})", "log.level");
+    check(R"({"io": )", "not valid JSON");
+}
+
+BOOST_AUTO_TEST_CASE(shipped_presets_are_valid) {
+    for (auto name : {"demo.json", "deepseek-v41-flash-rtx5090.json"}) {
+        auto c = load({"--config", (test::source_dir() / "config" / name).string()});
+        BOOST_TEST_REQUIRE(c.ok(), name << ": " << (c.ok() ? "" : c.message()));
+    }
+    auto c = load({"--config", (test::source_dir() / "config/deepseek-v41-flash-rtx5090.json").string()});
+    BOOST_TEST(c->cache.device_cache_gib == 18.0);
+    BOOST_TEST(c->cache.host_cache_gib == 72.0);
+    BOOST_TEST(c->runtime.context_tokens == 8192);
+}
+
+BOOST_AUTO_TEST_CASE(bad_flag_values_are_errors) {
+    BOOST_TEST(!load({"--io-depth", "0"}).ok());
+    BOOST_TEST(!load({"--device-cache", "lots"}).ok());
+    BOOST_TEST(!load({"--config", "/nonexistent/x.json"}).ok());
+}
