@@ -92,15 +92,26 @@ result<std::string> args::require(std::string_view name) const {
 
 std::string usage(std::string_view command, std::string_view synopsis, std::string_view summary,
                   std::span<const option_spec> specs) {
-    std::string out = "usage: moestream " + std::string(command);
-    if (!synopsis.empty()) out += " " + std::string(synopsis);
-    out += "\n\n" + std::string(summary) + "\n";
+    // Appends only: GCC 12's -Wrestrict misfires on `"literal" + std::string` here.
+    std::string out = "usage: moestream ";
+    out += command;
+    if (!synopsis.empty()) {
+        out += ' ';
+        out += synopsis;
+    }
+    out += "\n\n";
+    out += summary;
+    out += '\n';
     if (!specs.empty()) out += "\noptions:\n";
     size_t width = 0;
     for (const auto& s : specs) width = std::max(width, s.name.size() + s.value_name.size() + 3);
     for (const auto& s : specs) {
-        std::string left = "--" + std::string(s.name);
-        if (!s.value_name.empty()) left += " " + std::string(s.value_name);
+        std::string left = "--";
+        left += s.name;
+        if (!s.value_name.empty()) {
+            left += ' ';
+            left += s.value_name;
+        }
         left.resize(std::max(left.size(), width), ' ');
         out += "  " + left + "  " + std::string(s.help) + "\n";
     }

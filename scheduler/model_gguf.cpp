@@ -126,6 +126,7 @@ std::vector<kv> target_metadata(const dsv41::hparams& hp) {
     u32s("kv_source_layer_ids", hp.kv_source_layers);
     u32s("index_source_layer_ids", hp.index_source_layers);
     u32s("dspark_target_layer_ids", hp.dspark_target_layers);
+    u32("dspark_noise_token_id", uint64_t(hp.dspark_noise_token));
     u32("hash_layer_count", 0);
     out.push_back({p + "rope.scaling.type", value::str("yarn")});
     f32("rope.scaling.factor", hp.rope_factor);
@@ -183,6 +184,8 @@ result<dsv41::hparams> read_hparams(const gguf::model_file& f) {
         MS_READ(hp.kv_source_layers, r.ints("kv_source_layer_ids"));
         MS_READ(hp.index_source_layers, r.ints("index_source_layer_ids"));
         MS_READ(hp.dspark_target_layers, r.ints("dspark_target_layer_ids"));
+        // Optional: files from other converters may lack it; the DSpark file carries it too.
+        if (f.find(r.p + "dspark_noise_token_id")) MS_READ(hp.dspark_noise_token, r.i("dspark_noise_token_id"));
         MS_READ(hp.rope_factor, r.d("rope.scaling.factor"));
         MS_READ(hp.original_seq_len, r.i("rope.scaling.original_context_length"));
         MS_READ(hp.beta_fast, r.d("rope.scaling.yarn_beta_fast"));

@@ -26,9 +26,13 @@ void print_metadata(const gguf::model_file& f) {
     std::printf("metadata (%zu keys):\n", f.metadata().size());
     for (const auto& kv : f.metadata()) {
         std::string type(gguf::value_type_name(kv.val.type));
-        if (kv.val.type == gguf::value_type::array)
-            type += "<" + std::string(gguf::value_type_name(kv.val.array_type)) + ">[" +
-                    std::to_string(kv.val.as_array()->size()) + "]";
+        if (kv.val.type == gguf::value_type::array) {
+            type += '<';
+            type += gguf::value_type_name(kv.val.array_type);
+            type += ">[";
+            type += std::to_string(kv.val.as_array()->size());
+            type += ']';
+        }
         std::printf("  %-52s %-16s %s\n", kv.key.c_str(), type.c_str(), kv.val.to_display(8).c_str());
     }
 }
@@ -109,7 +113,10 @@ int run(const cli::args& a) {
         std::printf("verdict: INVALID: %s\n", st.message().c_str());
         return 1;
     }
-    if (*arch == kTargetArch) {
+    if (*arch == kTargetArch && !f->find("tokenizer.ggml.model")) {
+        std::printf("note: no tokenizer in this file (converted from a checkpoint without tokenizer.json): "
+                    "logits and dumps work, text commands need one\n");
+    } else if (*arch == kTargetArch) {
         auto tok = read_tokenizer_data(*f);
         if (!tok) {
             std::printf("verdict: INVALID: %s\n", tok.message().c_str());
