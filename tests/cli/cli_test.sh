@@ -8,14 +8,8 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 TOKJSON="$SRC/.deps/tokenizer-deepseek_v3/models/tokenizer.json"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_fail() {  # expect_fail CODE PATTERN cmd...
-  local code=$1 pattern=$2; shift 2
-  local out rc=0
-  out=$("$@" 2>&1) || rc=$?
-  [[ $rc == "$code" ]] || fail "expected exit $code from '$*', got $rc: $out"
-  grep -q -- "$pattern" <<<"$out" || fail "message of '$*' lacks '$pattern': $out"
-}
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 "$BIN" --help | grep -q forge || fail "--help does not list forge"
 for c in forge inspect tokenize detokenize chat-template "bench tokenizer" "bench quant"; do

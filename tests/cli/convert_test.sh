@@ -9,14 +9,8 @@ FIX=$2/fixtures
 [[ -f "$FIX/dsv41-tiny-fp8/model.safetensors" ]] || { echo "fixtures absent: skipped"; exit 77; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect_fail() {  # expect_fail CODE PATTERN cmd...
-  local code=$1 pattern=$2; shift 2
-  local out rc=0
-  out=$("$@" 2>&1) || rc=$?
-  [[ $rc == "$code" ]] || fail "expected exit $code from '$*', got $rc: $out"
-  grep -q -- "$pattern" <<<"$out" || fail "message of '$*' lacks '$pattern': $out"
-}
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 "$BIN" convert --help | grep -q "usage: moestream convert" || fail "convert --help"
 
