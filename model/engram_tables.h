@@ -10,6 +10,10 @@
 
 #include "config/result.h"
 
+namespace moestream {
+class tokenizer;
+}
+
 namespace moestream::engram {
 
 struct layer_tables {
@@ -57,5 +61,10 @@ std::string decode_byte_level(std::string_view token);
 
 // UTF-8 with each maximal invalid subsequence replaced by U+FFFD (Rust String::from_utf8_lossy).
 std::string utf8_lossy(std::string_view bytes);
+
+// The compressed token map of a tokenizer (forge, and convert when a checkpoint has no
+// engram_tables.safetensors): its real tokens decoded alone; padding ids (type unused) share the
+// compressed id of `pad_id`.
+result<token_map> token_map_from_tokenizer(const tokenizer& tok, int32_t pad_id);
 
 }  // namespace moestream::engram

@@ -77,24 +77,12 @@ result<forge::forge_context> make_context(const dsv41::hparams& hp, uint64_t see
     ctx.routing.bias_scale = *bias;
     ctx.routing.topic_gain = *gain;
 
-    // Real tokens (those in tokenizer.json) get engram keys; padding ids share the pad's id.
-    std::vector<std::string> decoded, raw;
-    size_t real = 0;
-    for (size_t i = 0; i < data->tokens.size(); ++i)
-        if (data->token_types[i] != int32_t(token_type::unused)) real = i + 1;
-    for (size_t i = 0; i < real; ++i) {
-        utf8_stream_decoder dec;
-        std::string text = dec.push(tok->token_bytes(int32_t(i)));
-        text += dec.finish();
-        decoded.push_back(std::move(text));
-        raw.push_back(data->tokens[i]);
-    }
-    auto map = engram::build_compressed_token_map(decoded, raw);
+    auto map = engram::token_map_from_tokenizer(*tok, hp.engram_pad_id);
     if (!map) return map.err();
     ctx.token_map = map->map;
-    ctx.token_map.resize(size_t(hp.vocab), ctx.token_map[size_t(hp.engram_pad_id)]);
     ctx.compressed_vocab = map->compressed_vocab;
-    decoded.resize(size_t(hp.vocab));
+    std::vector<std::string> decoded;
+    for (int32_t i = 0; i < tok->vocab_size(); ++i) decoded.push_back(tok->token_bytes(i));
     ctx.topic_of_token = forge::token_topics(decoded, ctx.routing.topics);
     for (int k = 0; k < ctx.routing.topics; ++k) ctx.topic_dirs.push_back(forge::topic_direction(ctx, k));
     return ctx;

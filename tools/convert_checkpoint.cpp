@@ -350,6 +350,30 @@ result<std::vector<int64_t>> read_i64(const safetensors::file& f, std::string_vi
     return v;
 }
 
+// The release ships no engram tables: compute them as the reference does at load, the token map
+// from the checkpoint's tokenizer.json and the multipliers from numpy's stream.
+result<side_tables> compute_side_tables(const std::string& dir, const dsv41::hparams& hp, side_tables st,
+                                        const log_fn& log) {
+    const std::string tok_json = dir + "/tokenizer.json";
+    if (!fs::exists(tok_json))
+        return make_error(dir + ": neither engram_tables.safetensors nor tokenizer.json: the engram token map "
+                                "cannot be built");
+    auto data = load_hf_tokenizer(tok_json, hp.vocab);
+    if (!data) return data.err();
+    auto tok = tokenizer::create(std::move(*data));
+    if (!tok) return make_error(tok_json + ": " + tok.message());
+    auto map = engram::token_map_from_tokenizer(*tok, hp.engram_pad_id);
+    if (!map) return make_error(tok_json + ": " + map.message());
+    st.token_map = map->map;
+    for (int l : hp.engram_layers) {
+        auto m = engram::hash_multipliers(l, hp.engram_max_ngram, map->compressed_vocab);
+        st.multipliers.insert(st.multipliers.end(), m.begin(), m.end());
+    }
+    log("engram tables: computed from " + tok_json + " (compressed vocabulary " +
+        std::to_string(map->compressed_vocab) + ")");
+    return st;
+}
+
 result<side_tables> load_side_tables(const std::string& dir, const dsv41::hparams& hp, const log_fn& log) {
     const auto computed = engram::compute_primes(hp.engram_layers, hp.engram_max_ngram, hp.engram_n_heads,
                                                  hp.engram_prime_start);
@@ -359,9 +383,7 @@ result<side_tables> load_side_tables(const std::string& dir, const dsv41::hparam
         st.offsets.insert(st.offsets.end(), l.offsets.begin(), l.offsets.end());
     }
     const std::string path = dir + "/engram_tables.safetensors";
-    if (!fs::exists(path))
-        return make_error(dir + ": no engram_tables.safetensors; building the token map from tokenizer.json is not "
-                                "supported by this version of convert");
+    if (!fs::exists(path)) return compute_side_tables(dir, hp, std::move(st), log);
     auto f = safetensors::file::open(path);
     if (!f) return f.err();
     const int64_t n_eng = int64_t(hp.engram_layers.size());
@@ -377,6 +399,16 @@ result<side_tables> load_side_tables(const std::string& dir, const dsv41::hparam
     auto map = read_i64(*f, "token_map", hp.vocab);
     if (!map) return map.err();
     for (int64_t v : *map) st.token_map.push_back(int32_t(v));
+    // The stored multipliers must be the reference's for this compressed vocabulary.
+    const int64_t compressed = int64_t(std::set<int64_t>(map->begin(), map->end()).size());
+    std::vector<int64_t> expected;
+    for (int l : hp.engram_layers) {
+        auto m = engram::hash_multipliers(l, hp.engram_max_ngram, compressed);
+        expected.insert(expected.end(), m.begin(), m.end());
+    }
+    if (expected != st.multipliers)
+        return make_error(path + ": multipliers differ from numpy's default_rng(10007*layer) values for a compressed "
+                                 "vocabulary of " + std::to_string(compressed));
     log("engram tables: " + path + " (primes and offsets match the computed ones; token map of " +
         std::to_string(map->size()) + " = vocab entries)");
     return st;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/engram_tables.h"
+#include "model/tokenizer.h"
 #include "model/numpy_pcg64.h"
 #include "tests/common/test_support.h"
 
@@ -290,6 +291,29 @@ BOOST_AUTO_TEST_CASE(real_token_map_matches_reference,
                                         << "': got " << tm->map[i] << ", want " << want[i]);
     }
     BOOST_TEST(mismatches == 0u);
+}
+
+
+// The same map through the tokenizer (forge and convert build it this way), padded to 129,280 ids.
+BOOST_AUTO_TEST_CASE(token_map_through_the_tokenizer_matches_reference,
+                     *requires_path(real_tokenizer_json()) *
+                         requires_path(fixtures_dir() / "engram/token_map.json")) {
+    auto data = moestream::load_hf_tokenizer(real_tokenizer_json().string(), 129280);
+    BOOST_REQUIRE(data.ok());
+    auto tok = moestream::tokenizer::create(std::move(*data));
+    BOOST_REQUIRE(tok.ok());
+    const auto tm = engram::token_map_from_tokenizer(*tok, 2);
+    BOOST_REQUIRE_MESSAGE(tm.ok(), (tm.ok() ? "" : tm.message()));
+    simdjson::dom::parser gold_parser;
+    const auto gold = gold_parser.load((fixtures_dir() / "engram/token_map.json").string());
+    const auto want = int_array(gold["token_map"].get_array().value());
+    BOOST_TEST(tm->compressed_vocab == gold["compressed_vocab_size"].get_int64().value());
+    BOOST_REQUIRE_EQUAL(tm->map.size(), size_t(129280));
+    size_t mismatches = 0;
+    for (size_t i = 0; i < want.size(); ++i) mismatches += (tm->map[i] != want[i]);
+    BOOST_TEST(mismatches == 0u);
+    for (size_t i = want.size(); i < tm->map.size(); ++i) BOOST_TEST_REQUIRE(tm->map[i] == tm->map[2]);
+    BOOST_TEST(!engram::token_map_from_tokenizer(*tok, 129279).ok());  // a padding id cannot be the pad
 }
 
 BOOST_AUTO_TEST_SUITE_END()
