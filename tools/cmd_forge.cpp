@@ -102,7 +102,8 @@ void add_forge_metadata(std::vector<gguf::kv>& md, std::string_view preset, cons
     md.push_back({"moestream.forge.routing.topic_gain", value::f32(float(ctx.routing.topic_gain))});
     md.push_back({"moestream.forge.routing.topic_share", value::f32(float(ctx.routing.topic_share))});
     md.push_back({"moestream.forge.routing.neighbour_mix", value::f32(float(ctx.routing.neighbour_mix))});
-    md.push_back({"deepseek41.engram_compressed_vocab_size", value::u32(uint32_t(ctx.compressed_vocab))});
+    if (!draft)  // the draft head has no engram
+        md.push_back({"deepseek41.engram_compressed_vocab_size", value::u32(uint32_t(ctx.compressed_vocab))});
 }
 
 result<std::vector<std::string>> write_model(const forge::forge_context& ctx, std::vector<gguf::kv> md,
