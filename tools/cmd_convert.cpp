@@ -14,6 +14,8 @@ const cli::option_spec kOptions[] = {
     {"out", "FILE.gguf", "target model file to write (arch deepseek41)"},
     {"draft-out", "FILE.gguf", "also write the DSpark draft head (arch dflash) from the mtp.* tensors"},
     {"shards", "N", "split the target into N files (name-0000K-of-0000N.gguf)"},
+    {"lossless", "", "store fp8 weights as BF16 (exact, twice the size) instead of Q8_0"},
+    {"quantize-float", "", "quantize bf16/fp32 weights to Q8_0 (dense) and MXFP4 (experts); default keeps them exact"},
 };
 
 int run(const cli::args& a) {
@@ -25,6 +27,8 @@ int run(const cli::args& a) {
     if (!shards) return usage_error(kName, shards.message());
     if (*shards < 1 || *shards > 999) return usage_error(kName, "--shards must be between 1 and 999");
     convert::options opts{*dir, *out, a.get_or("draft-out", ""), uint32_t(*shards)};
+    opts.lossless = a.flag("lossless");
+    opts.quantize_float = a.flag("quantize-float");
     auto st = convert::convert_checkpoint(opts, [](std::string_view line) {
         std::printf("%.*s\n", int(line.size()), line.data());
         std::fflush(stdout);
@@ -35,7 +39,7 @@ int run(const cli::args& a) {
 
 const command kCommand{
     kName,
-    "--checkpoint DIR --out FILE.gguf [--draft-out DRAFT.gguf] [--shards N]",
+    "--checkpoint DIR --out FILE.gguf [--draft-out DRAFT.gguf] [--shards N] [--lossless] [--quantize-float]",
     "Converts a DeepSeek-V4.1 release checkpoint (reference parameter names, bf16/fp8/fp4 storage) into a "
     "deepseek41 GGUF: fp8 linears become Q8_0, fp4 experts are repacked losslessly into MXFP4 (verified "
     "block by block), engram tables are copied as raw bytes. With --draft-out the DSpark stages become a "

@@ -422,8 +422,27 @@ struct plan_item {
     const std::vector<int32_t>* side32 = nullptr;
 };
 
+// The storage type of one tensor: the inventory's, except that float sources are never made
+// lossier than they are unless asked (a bf16 checkpoint stays exact, an fp32 tensor stays fp32),
+// and --lossless keeps fp8 weights as BF16 (e4m3 x 2^k is exact in bf16) instead of Q8_0.
+ggml_type storage_type(const dsv41::tensor_spec& spec, const source& s, const options& opts) {
+    const bool quantized = spec.type == ggml_type::q8_0 || spec.type == ggml_type::mxfp4;
+    switch (s.w->type) {
+        case dtype::f32:
+            if (opts.quantize_float && quantized) return spec.type;
+            return ggml_type::f32;
+        case dtype::bf16:
+        case dtype::f16:
+            if (opts.quantize_float && quantized) return spec.type;
+            if (spec.type == ggml_type::f32) return ggml_type::f32;
+            return s.w->type == dtype::bf16 ? ggml_type::bf16 : ggml_type::f16;
+        case dtype::f8_e4m3: return opts.lossless && spec.type == ggml_type::q8_0 ? ggml_type::bf16 : spec.type;
+        default: return spec.type;
+    }
+}
+
 result<std::vector<plan_item>> make_plan(const safetensors::file& f, const dsv41::hparams& hp, bool draft,
-                                         const side_tables* side) {
+                                         const side_tables* side, const options& opts) {
     std::vector<plan_item> plan;
     const auto specs = draft ? dsv41::draft_tensors(hp) : dsv41::target_tensors(hp);
     for (const auto& spec : specs) {
@@ -447,6 +466,7 @@ result<std::vector<plan_item>> make_plan(const safetensors::file& f, const dsv41
                 if (!s) return s.err();
                 it.src.push_back(*s);
             }
+            it.spec.type = storage_type(spec, it.src.front(), opts);
         } else if (spec.kind == dsv41::tensor_spec::role::engram_table) {
             // Raw e4m3 / e8m0 bytes stored as I8: no scale sibling, exact byte copy.
             const auto* t = f.find(*ref);
@@ -464,6 +484,7 @@ result<std::vector<plan_item>> make_plan(const safetensors::file& f, const dsv41
             auto s = resolve(f, *ref, spec.shape, spec.name);
             if (!s) return s.err();
             it.src.push_back(*s);
+            it.spec.type = storage_type(spec, *s, opts);
         }
         plan.push_back(std::move(it));
     }
@@ -551,11 +572,11 @@ status convert_checkpoint(const options& opts, const log_fn& log) {
     if (!side) return side.err();
 
     // Plan both files first: every presence/dtype/shape problem is reported before writing.
-    auto target = make_plan(*f, *hp, false, &*side);
+    auto target = make_plan(*f, *hp, false, &*side, opts);
     if (!target) return target.err();
     std::vector<plan_item> draft;
     if (!opts.draft_out.empty()) {
-        auto d = make_plan(*f, *hp, true, nullptr);
+        auto d = make_plan(*f, *hp, true, nullptr, opts);
         if (!d) return d.err();
         draft = std::move(*d);
     }

@@ -19,6 +19,8 @@ struct options {
     std::string out;        // target file
     std::string draft_out;  // empty: no draft file
     uint32_t shards = 1;
+    bool lossless = false;        // fp8 weights -> BF16 (exact) instead of Q8_0
+    bool quantize_float = false;  // bf16/fp32 weights -> the inventory's Q8_0 / MXFP4 (lossy)
 };
 
 // config.json (reference ModelArgs names) -> hparams; errors name the file and the field.

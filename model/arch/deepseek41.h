@@ -1,0 +1,211 @@
+// DeepSeek-V4.1 forward pass and its DSpark draft head (dsv41-architecture.md §3, §5), written
+// against the backend ops (model/backend.h) and weight views; no file or device code here.
+//
+// One forward runs several sequences at once (continuous batching): each item brings its own
+// state and 1..T new tokens, so the same call is a prompt prefill, a chunk of one, a single-token
+// decode step or the k+1 causal rows of a speculative verification. Expert weights are reached only
+// through `expert_source` (announce what a layer needs, then get each one), so the streaming
+// scheduler plugs in without touching this code.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41_hparams.h"
+#include "model/backend.h"
+#include "model/tensor.h"
+
+namespace moestream::dsv41 {
+
+// ---- weights -------------------------------------------------------------------------------
+struct layer_weights {
+    vector_view attn_norm, attn_sinks, q_a_norm, kv_a_norm, ffn_norm, exp_probs_b;
+    vector_view hc_attn_base, hc_attn_scale, hc_ffn_base, hc_ffn_scale;
+    weight_view hc_attn_fn, hc_ffn_fn;  // F32 [24, hc*dim]
+    weight_view q_a, q_b, kv, out_a, out_b;
+    weight_view gate_inp, gate_shexp, up_shexp, down_shexp;
+    // kv sources
+    weight_view compressor_kv, compressor_gate;  // gate: ratio 2 only
+    vector_view compressor_norm;
+    weight_view index_k;
+    vector_view index_k_norm;
+    // index sources
+    weight_view index_q_b, index_proj;
+    // engram layers
+    weight_view engram_wkv;
+    vector_view engram_qk;            // q_weight ⊙ k_weight, [hc, dim]
+    const uint8_t* engram_values = nullptr;  // e4m3 [rows, head_dim]
+    const uint8_t* engram_scales = nullptr;  // e8m0 [rows, head_dim / 32]
+    int64_t engram_rows = 0;
+};
+
+struct engram_side_tables {
+    std::span<const int32_t> token_map;  // [vocab] compressed ids (negative: DEAD)
+    std::vector<int64_t> primes;         // [engram layers][ngram orders - 1][heads]
+    std::vector<int64_t> offsets;        // [engram layers][columns]
+    std::vector<int64_t> multipliers;    // [engram layers][max_ngram]
+};
+
+struct model_weights {
+    weight_view token_embd;  // [vocab, dim]
+    weight_view output;      // [vocab, dim]
+    vector_view output_norm;
+    std::vector<layer_weights> layers;
+    engram_side_tables engram;
+};
+
+struct draft_weights {
+    weight_view fc;            // [dim, 3*dim]
+    vector_view enc_norm;      // main_norm
+    vector_view output_norm;   // stage 2 norm
+    weight_view markov_embed;  // [vocab, rank]
+    weight_view markov_head;   // [vocab, rank]
+    weight_view conf_proj;     // [1, dim + rank]
+    std::vector<layer_weights> stages;
+};
+
+// ---- experts -------------------------------------------------------------------------------
+struct expert_weights {
+    weight_view gate, up, down;
+};
+
+// Layers are numbered 0..n_layers-1 for the target and n_layers + s for DSpark stage s.
+class expert_source {
+  public:
+    virtual ~expert_source() = default;
+    // The distinct experts (ascending) one forward needs at a layer, announced before any get() of
+    // that layer so that every miss can be requested at once.
+    virtual void need(int layer, std::span<const int32_t> experts) = 0;
+    // Weights of one announced expert, valid until the next need() of the same layer. May block
+    // until the expert is resident.
+    virtual result<expert_weights> get(int layer, int32_t expert) = 0;
+};
+
+// ---- hooks ---------------------------------------------------------------------------------
+enum class pick_kind { router, indexer, candidates, draft_router };
+
+struct pick_site {
+    pick_kind kind;
+    int layer;          // backbone layer, or n_layers + stage for the draft router
+    int64_t pos;        // position of the query row
+    int64_t rows;       // rows of this sequence in the forward (1 for a decode step)
+};
+
+// Sees (and may replace) every selection the model makes: router top-k (expert ids, any order),
+// indexer top-k (entry ids, -1 = none), candidate masks (one byte per entry). Used by tests and by
+// `moestream logits --force-picks` to compare against recorded picks.
+class pick_hook {
+  public:
+    virtual ~pick_hook() = default;
+    virtual void picks(const pick_site&, std::span<int32_t> ids) { (void)ids; }
+    virtual void mask(const pick_site&, std::span<uint8_t> entries) { (void)entries; }
+};
+
+// Receives named intermediate tensors (row-major, shape outermost first) for dumps.
+class tensor_observer {
+  public:
+    virtual ~tensor_observer() = default;
+    virtual void tensor(std::string_view name, int layer, const float* data, std::span<const int64_t> shape) = 0;
+};
+
+// ---- per-sequence state ----------------------------------------------------------------------
+class sequence_state {
+  public:
+    // Room for `max_tokens` positions; truncate() can go back at most `rollback` positions past
+    // what the window rings still hold (ring capacity = window + rollback).
+    sequence_state(const hparams& hp, int64_t max_tokens, int64_t rollback, bool with_draft);
+
+    int64_t size() const { return int64_t(tokens_.size()); }
+    int64_t capacity() const { return max_tokens_; }
+    std::span<const int32_t> tokens() const { return tokens_; }
+    // Forgets every position >= n; n must be within `rollback` of the current size (or 0).
+    status truncate(int64_t n);
+    // The taps of the latest forward's last row (mean of the streams entering the tap layers).
+    std::span<const float> last_main_hidden() const { return last_main_hidden_; }
+
+  private:
+    friend class model;
+    struct source_cache {
+        int layer = -1;
+        int ratio = 0;
+        std::vector<float> latents;     // [entries, head_dim], rotated
+        std::vector<float> index_keys;  // [entries, index_head_dim], rotated
+        std::vector<float> pending;     // ratio 2: (a, z) of every even position, [groups, 2, head_dim]
+        int64_t entries = 0;
+    };
+    int64_t max_tokens_;
+    int64_t ring_capacity_;
+    int64_t rollback_;
+    std::vector<int32_t> tokens_;
+    std::vector<std::vector<float>> rings_;        // per layer [ring_capacity, head_dim]
+    std::vector<source_cache> sources_;            // one per kv source layer
+    std::vector<std::vector<float>> draft_rings_;  // per DSpark stage
+    std::vector<float> last_main_hidden_;
+};
+
+// ---- the model -------------------------------------------------------------------------------
+struct forward_item {
+    sequence_state* seq = nullptr;
+    std::span<const int32_t> tokens;
+    bool all_logits = false;  // logits for every row (prefill checks, verification) or the last one
+};
+
+struct model_options {
+    bool ref_compat = false;  // reproduce the reference's stale index-key slot (§3.4.6)
+    pick_hook* hook = nullptr;
+    tensor_observer* observer = nullptr;
+};
+
+struct draft_output {
+    std::vector<int32_t> tokens;     // block_size drafts for positions p+2 .. p+1+block_size
+    std::vector<float> logits;       // [block_size, vocab], Markov bias included
+    std::vector<float> confidence;   // [block_size] raw logits
+};
+
+class model {
+  public:
+    model(const hparams& hp, const model_weights& w, const draft_weights* draft, expert_source& experts,
+          backend& be, model_options opts = {});
+    ~model();
+
+    const hparams& hp() const { return hp_; }
+    bool has_draft() const { return draft_ != nullptr; }
+    void set_options(model_options opts) { opts_ = opts; }
+    const model_options& options() const { return opts_; }
+
+    // One forward over the batch. logits: [Σ rows_out, vocab] where rows_out is the item's token
+    // count when all_logits, else 1. Errors (bad token id, sequence full, expert read failure)
+    // leave every sequence unchanged.
+    status forward(std::span<const forward_item> batch, std::vector<float>& logits);
+
+    // DSpark draft after a decode step: the sequence's last position p has been consumed and the
+    // target produced `next_token` for p+1. `forced` (optional, block_size ids) replaces the
+    // Markov chain's argmax choices (tests compare against recorded drafts).
+    status draft(const sequence_state& seq, int32_t next_token, draft_output& out,
+                 std::span<const int32_t> forced = {});
+
+    // RoPE frequency tables (per pair), exposed for tests: base rope_theta, and compress base + YaRN.
+    const std::vector<float>& rope_freqs(bool compressed) const { return compressed ? freqs_yarn_ : freqs_plain_; }
+
+  private:
+    struct scratch;
+    const hparams hp_;
+    const model_weights& w_;
+    const draft_weights* draft_;
+    expert_source& experts_;
+    backend& be_;
+    model_options opts_;
+    std::vector<float> freqs_plain_, freqs_yarn_;
+    std::unique_ptr<scratch> s_;
+};
+
+// Engram hash rows (§3.2) of position `pos` given the token history up to and including pos:
+// writes engram_columns() row ids (offsets included) per engram layer into rows_out.
+void engram_hash(const hparams& hp, const engram_side_tables& t, std::span<const int32_t> history, int64_t pos,
+                 std::span<int64_t> rows_out);
+
+}  // namespace moestream::dsv41

@@ -1,0 +1,177 @@
+// Sub-layer building blocks of DeepSeek-V4.1 (§3.3-§3.5), shared by backbone layers and DSpark
+// stages. Roundings follow the reference: every linear's output, norm output and RoPE output is
+// rounded to bf16; the router, SwiGLU internals and the MoE accumulator stay fp32.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "model/arch/deepseek41_internal.h"
+#include "model/bf16.h"
+#include "model/quant.h"
+
+namespace moestream::dsv41::detail {
+
+void hc_mix::compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn,
+                     const vector_view& base, const vector_view& scale) {
+    const int hc = e.hp.hc_mult;
+    pre.resize(size_t(n * hc));
+    post.resize(size_t(n * hc));
+    comb.resize(size_t(n * hc * hc));
+    e.be.hc_mixes(H.data(), n, hc, e.hp.dim, fn, base.data, scale.data, e.hp.hc_sinkhorn_iters, float(e.hp.hc_eps),
+                  float(e.hp.norm_eps), pre.data(), post.data(), comb.data());
+}
+
+void query(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+           std::vector<float>& qr, std::vector<float>& q) {
+    const auto& hp = e.hp;
+    const int64_t n = rows.n();
+    qr.resize(size_t(n * hp.q_lora_rank));
+    q.resize(size_t(n * hp.q_dim()));
+    e.be.matmul(lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true);
+    e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
+    e.be.matmul(lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true);
+    // No per-head q norm: that was V4 (§6 item 10).
+    e.be.rope(q.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+}
+
+void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+               std::vector<float>& kv) {
+    const auto& hp = e.hp;
+    const int64_t n = rows.n();
+    kv.resize(size_t(n * hp.head_dim));
+    e.be.matmul(lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true);
+    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
+    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+}
+
+void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
+                        std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
+                        std::vector<float>& out) {
+    const auto& hp = e.hp;
+    const int64_t n = rows.n();
+    std::vector<float> o(static_cast<size_t>(n * hp.q_dim()));
+    for (int64_t r = 0; r < n; ++r) {
+        arows[size_t(r)].q = q.data() + r * hp.q_dim();
+        arows[size_t(r)].out = o.data() + r * hp.q_dim();
+    }
+    e.be.attention(arows, hp.n_heads, hp.head_dim, 1.0f / std::sqrt(float(hp.head_dim)), lw.attn_sinks.data);
+    // The values carry the rotated tail: turn it back at the query's own position.
+    e.be.rope(o.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, true);
+    // Grouped output: group g (heads g*hpg .. ) through its own row block of W_oa.
+    const int64_t group_in = hp.head_dim * hp.heads_per_group();
+    const int64_t low = hp.o_lora_rank * hp.o_groups;
+    std::vector<float> u(static_cast<size_t>(n * low));
+    for (int g = 0; g < hp.o_groups; ++g)
+        e.be.matmul(lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(), n,
+                    u.data() + g * hp.o_lora_rank, low, true);
+    out.resize(size_t(n * hp.dim));
+    e.be.matmul(lw.out_b, u.data(), low, n, out.data(), hp.dim, true);
+}
+
+namespace {
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// Indices of the k largest values, ties to the lower index (a fixed rule: the reference's
+// torch.topk leaves the order among equal values unspecified, §3.4.8).
+void top_k(const float* v, int n, int k, int32_t* out) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return v[a] > v[b] || (v[a] == v[b] && a < b);
+    });
+    std::copy(idx.begin(), idx.begin() + k, out);
+}
+
+}  // namespace
+
+status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
+           const rows_info& rows, std::vector<float>& out) {
+    const auto& hp = e.hp;
+    const int64_t n = rows.n(), dim = hp.dim, inter = hp.moe_inter;
+    // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
+    std::vector<float> scores(static_cast<size_t>(n * n_experts)), biased(static_cast<size_t>(n_experts));
+    e.be.matmul(lw.gate_inp, x, dim, n, scores.data(), n_experts, false);
+    std::vector<int32_t> picks(static_cast<size_t>(n * n_active));
+    std::vector<float> weights(static_cast<size_t>(n * n_active));
+    for (int64_t r = 0; r < n; ++r) {
+        float* s = scores.data() + r * n_experts;
+        for (int i = 0; i < n_experts; ++i) {
+            s[i] = std::sqrt(softplus(s[i]));
+            biased[size_t(i)] = s[i] + lw.exp_probs_b[i];
+        }
+        std::span<int32_t> p(picks.data() + r * n_active, size_t(n_active));
+        top_k(biased.data(), n_experts, n_active, p.data());
+        if (e.opts.hook)
+            e.opts.hook->picks({layer >= hp.n_layers ? pick_kind::draft_router : pick_kind::router, layer,
+                                rows.pos[size_t(r)], rows.seq_rows[size_t(r)]},
+                               p);
+        float sum = 0;
+        for (int32_t id : p) {
+            MS_ASSERT_MSG(id >= 0 && id < n_experts, "router pick out of range");
+            sum += s[id];
+        }
+        for (int k = 0; k < n_active; ++k)
+            weights[size_t(r * n_active + k)] = float(s[p[size_t(k)]] / (sum + 1e-20f) * hp.route_scale);
+    }
+    observe(e, "router_scores", layer, scores.data(), {n, n_experts});
+
+    // The union of the rows' experts, announced at once (one read queue for the whole layer).
+    std::vector<int32_t> needed(picks);
+    std::sort(needed.begin(), needed.end());
+    needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
+    e.experts.need(layer, needed);
+
+    // Accumulate in fp32 in ascending expert id, then the shared expert: a fixed order whatever
+    // order the experts become resident in.
+    std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
+    std::vector<float> xs, g, u, y, w;
+    std::vector<int64_t> which;
+    for (int32_t id : needed) {
+        which.clear();
+        w.clear();
+        for (int64_t r = 0; r < n; ++r)
+            for (int k = 0; k < n_active; ++k)
+                if (picks[size_t(r * n_active + k)] == id) {
+                    which.push_back(r);
+                    w.push_back(weights[size_t(r * n_active + k)]);
+                }
+        auto ew = e.experts.get(layer, id);
+        if (!ew) return ew.err();
+        const int64_t m = int64_t(which.size());
+        xs.resize(size_t(m * dim));
+        for (int64_t i = 0; i < m; ++i) std::copy_n(x + which[size_t(i)] * dim, dim, xs.data() + i * dim);
+        g.resize(size_t(m * inter));
+        u.resize(size_t(m * inter));
+        y.resize(size_t(m * dim));
+        e.be.matmul(ew->gate, xs.data(), dim, m, g.data(), inter, true);
+        e.be.matmul(ew->up, xs.data(), dim, m, u.data(), inter, true);
+        e.be.swiglu(g.data(), u.data(), m, inter, float(hp.swiglu_limit), w.data());
+        e.be.matmul(ew->down, g.data(), inter, m, y.data(), dim, true);
+        for (int64_t i = 0; i < m; ++i)
+            for (int64_t d = 0; d < dim; ++d) acc[size_t(which[size_t(i)] * dim + d)] += y[size_t(i * dim + d)];
+    }
+    const int64_t sinter = lw.gate_shexp.rows;
+    g.resize(size_t(n * sinter));
+    u.resize(size_t(n * sinter));
+    y.resize(size_t(n * dim));
+    e.be.matmul(lw.gate_shexp, x, dim, n, g.data(), sinter, true);
+    e.be.matmul(lw.up_shexp, x, dim, n, u.data(), sinter, true);
+    e.be.swiglu(g.data(), u.data(), n, sinter, float(hp.swiglu_limit), nullptr);
+    e.be.matmul(lw.down_shexp, g.data(), sinter, n, y.data(), dim, true);
+    out.resize(size_t(n * dim));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_bf16(acc[i] + y[i]);
+    return {};
+}
+
+void embedding_row(const weight_view& table, int32_t token, float* out) {
+    quant::dequantize_row(table.type, table.row(token), out, table.cols);
+    round_to_bf16(out, table.cols);
+}
+
+void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape) {
+    if (!e.opts.observer) return;
+    e.opts.observer->tensor(name, layer, data, std::span<const int64_t>(shape.begin(), shape.size()));
+}
+
+}  // namespace moestream::dsv41::detail

@@ -1,0 +1,56 @@
+// Building blocks shared by the backbone forward (deepseek41.cpp) and the DSpark draft
+// (deepseek41_dspark.cpp). Internal to model/arch.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "model/arch/deepseek41.h"
+
+namespace moestream::dsv41::detail {
+
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+
+struct env {
+    const hparams& hp;
+    backend& be;
+    expert_source& experts;
+    const model_options& opts;
+};
+
+// Rows of one forward: position of each row (several sequences concatenated).
+struct rows_info {
+    std::vector<int64_t> pos;
+    std::vector<int64_t> seq_rows;  // rows its sequence has in this forward (pick sites)
+    int64_t n() const { return int64_t(pos.size()); }
+};
+
+// Every row's output after the 4-stream hyper-connection bookkeeping of one sub-layer.
+struct hc_mix {
+    std::vector<float> pre, post, comb;
+    void compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn, const vector_view& base,
+                 const vector_view& scale);
+};
+
+// q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer).
+void query(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+           std::vector<float>& qr, std::vector<float>& q);
+// Window kv rows: RoPE(RMSNorm(W_kv · x)).
+void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+               std::vector<float>& kv);
+// Attention over per-row key lists, de-rotation and the grouped output projection -> out [n, dim].
+void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
+                        std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
+                        std::vector<float>& out);
+// MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
+status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
+           const rows_info& rows, std::vector<float>& out);
+
+// Row `token` of an embedding-like table as floats.
+void embedding_row(const weight_view& table, int32_t token, float* out);
+
+// Observer helper: no-op without an observer.
+void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape);
+
+}  // namespace moestream::dsv41::detail

@@ -1,0 +1,243 @@
+#include "model/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "model/bf16.h"
+#include "model/cpu_matmul.h"
+
+namespace moestream {
+namespace {
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+// Mean of squares in double: the statistic must not depend on the vector width of the machine.
+float inv_rms(const float* x, int64_t n, float eps) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+    return 1.0f / std::sqrt(float(s / double(n)) + eps);
+}
+
+double dot(const float* a, const float* b, int64_t n) {
+    // fp32 products summed in fp32 in a fixed order (4 lanes), as a GPU warp or a torch CPU
+    // kernel would: exact reproducibility, not extra precision, is the point here.
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; ++i) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+}  // namespace
+
+cpu_backend::cpu_backend(int threads) : pool_(std::max(1, threads)) {}
+
+void cpu_backend::matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y,
+                         int64_t y_stride, bool round) {
+    MS_ASSERT(!w.empty() && n >= 0);
+    MS_ASSERT_MSG(w.row_stride == size_t(row_bytes(dtype_info(w.type), w.cols)), "weight rows must be contiguous");
+    if (n == 0) return;
+    moestream::matmul(pool_, w.type, w.data, w.rows, w.cols, x, n, x_stride, y, y_stride);
+    if (round)
+        for (int64_t r = 0; r < n; ++r) round_to_bf16(y + r * y_stride, w.rows);
+}
+
+void cpu_backend::rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
+                           bool round) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float* xr = x + r * dim;
+        float* yr = y + r * dim;
+        const float s = inv_rms(xr, dim, eps);
+        for (int64_t i = 0; i < dim; ++i) {
+            float v = xr[i] * s;
+            if (w) v *= w[i];
+            yr[i] = round ? round_to_bf16(v) : v;
+        }
+    }
+}
+
+void cpu_backend::round_bf16(float* x, int64_t count) { round_to_bf16(x, count); }
+
+void cpu_backend::rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
+                       const int64_t* pos, const float* freqs, bool inverse) {
+    const int64_t pairs = rope_dim / 2;
+    std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
+    for (int64_t r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < pairs; ++i) {
+            // The reference forms the angle in fp32: fp32(pos) * f_i, then fp32 cos/sin.
+            const float theta = float(pos[r]) * freqs[i];
+            c[size_t(i)] = std::cos(theta);
+            s[size_t(i)] = inverse ? -std::sin(theta) : std::sin(theta);
+        }
+        for (int h = 0; h < n_heads; ++h) {
+            float* t = x + r * row_stride + h * head_dim + (head_dim - rope_dim);
+            for (int64_t i = 0; i < pairs; ++i) {
+                const float a = t[2 * i], b = t[2 * i + 1];
+                t[2 * i] = round_to_bf16(a * c[size_t(i)] - b * s[size_t(i)]);
+                t[2 * i + 1] = round_to_bf16(a * s[size_t(i)] + b * c[size_t(i)]);
+            }
+        }
+    }
+}
+
+void cpu_backend::hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
+                           const float* scale, int iters, float hc_eps, float norm_eps, float* pre, float* post,
+                           float* comb) {
+    const int64_t n_mix = (2 + hc) * hc;
+    MS_ASSERT(fn.rows == n_mix && fn.cols == hc * dim && fn.type == ggml_type::f32);
+    std::vector<float> mix(static_cast<size_t>(n * n_mix));
+    matmul(fn, H, hc * dim, n, mix.data(), n_mix, false);
+    for (int64_t r = 0; r < n; ++r) {
+        float* m = mix.data() + r * n_mix;
+        const float s = inv_rms(H + r * hc * dim, hc * dim, norm_eps);
+        for (int64_t i = 0; i < n_mix; ++i) m[i] *= s;
+        for (int k = 0; k < hc; ++k) {
+            pre[r * hc + k] = sigmoid(m[k] * scale[0] + base[k]) + hc_eps;
+            post[r * hc + k] = 2.0f * sigmoid(m[hc + k] * scale[1] + base[hc + k]);
+        }
+        float* C = comb + r * hc * hc;
+        for (int i = 0; i < hc; ++i) {
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int j = 0; j < hc; ++j) {
+                C[i * hc + j] = m[2 * hc + i * hc + j] * scale[2] + base[2 * hc + i * hc + j];
+                mx = std::max(mx, C[i * hc + j]);
+            }
+            float sum = 0;
+            for (int j = 0; j < hc; ++j) sum += (C[i * hc + j] = std::exp(C[i * hc + j] - mx));
+            for (int j = 0; j < hc; ++j) C[i * hc + j] = C[i * hc + j] / sum + hc_eps;
+        }
+        auto normalize_columns = [&] {
+            for (int j = 0; j < hc; ++j) {
+                float sum = 0;
+                for (int i = 0; i < hc; ++i) sum += C[i * hc + j];
+                for (int i = 0; i < hc; ++i) C[i * hc + j] /= sum + hc_eps;
+            }
+        };
+        normalize_columns();
+        for (int it = 1; it < iters; ++it) {
+            for (int i = 0; i < hc; ++i) {
+                float sum = 0;
+                for (int j = 0; j < hc; ++j) sum += C[i * hc + j];
+                for (int j = 0; j < hc; ++j) C[i * hc + j] /= sum + hc_eps;
+            }
+            normalize_columns();
+        }
+    }
+}
+
+void cpu_backend::hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
+    for (int64_t r = 0; r < n; ++r)
+        for (int64_t d = 0; d < dim; ++d) {
+            float s = 0;
+            for (int k = 0; k < hc; ++k) s += p[r * hc + k] * H[(r * hc + k) * dim + d];
+            out[r * dim + d] = round_to_bf16(s);
+        }
+}
+
+void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
+                            const float* comb, float* out) {
+    std::vector<float> tmp(static_cast<size_t>(hc * dim));
+    for (int64_t r = 0; r < n; ++r) {
+        const float* C = comb + r * hc * hc;
+        const float* Hr = H + r * hc * dim;
+        for (int j = 0; j < hc; ++j)
+            for (int64_t d = 0; d < dim; ++d) {
+                float s = 0;
+                for (int i = 0; i < hc; ++i) s += C[i * hc + j] * Hr[i * dim + d];
+                tmp[size_t(j * dim + d)] = round_to_bf16(post[r * hc + j] * f[r * dim + d] + s);
+            }
+        std::copy(tmp.begin(), tmp.end(), out + r * hc * dim);
+    }
+}
+
+void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
+                            const float* sinks) {
+    const int64_t units = int64_t(rows.size()) * n_heads;
+    pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
+        std::vector<float> p;
+        for (int64_t u = begin; u < end; ++u) {
+            const attention_row& row = rows[size_t(u / n_heads)];
+            const int h = int(u % n_heads);
+            const float* q = row.q + h * head_dim;
+            float* o = row.out + h * head_dim;
+            std::fill(o, o + head_dim, 0.0f);
+            if (row.n_keys == 0) continue;
+            p.resize(size_t(row.n_keys));
+            float m = sinks[h];
+            for (int64_t i = 0; i < row.n_keys; ++i) {
+                p[size_t(i)] = float(dot(q, row.keys[i], head_dim)) * scale;
+                m = std::max(m, p[size_t(i)]);
+            }
+            float denom = std::exp(sinks[h] - m);
+            for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
+            for (int64_t i = 0; i < row.n_keys; ++i) {
+                const float wgt = p[size_t(i)];
+                const float* k = row.keys[i];
+                for (int64_t d = 0; d < head_dim; ++d) o[d] += wgt * k[d];
+            }
+            const float inv = 1.0f / denom;
+            for (int64_t d = 0; d < head_dim; ++d) o[d] = round_to_bf16(o[d] * inv);
+        }
+    });
+}
+
+void cpu_backend::swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float wr = w ? w[r] : 1.0f;
+        for (int64_t i = 0; i < inter; ++i) {
+            const float gv = std::min(g[r * inter + i], limit);
+            const float uv = std::clamp(u[r * inter + i], -limit, limit);
+            const float h = gv / (1.0f + std::exp(-gv)) * uv;
+            g[r * inter + i] = round_to_bf16(wr * h);
+        }
+    }
+}
+
+void cpu_backend::indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
+                                 const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) {
+    pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int64_t j = 0; j < n_keys; ++j) {
+                if (j >= n_visible[r]) {
+                    scores[r * n_keys + j] = -std::numeric_limits<float>::infinity();
+                    continue;
+                }
+                float s = 0;
+                for (int h = 0; h < n_heads; ++h) {
+                    const float qk = round_to_bf16(float(dot(q + (r * n_heads + h) * head_dim, keys + j * head_dim, head_dim)));
+                    s += round_to_bf16(std::max(qk, 0.0f) * w[r * n_heads + h]);
+                }
+                scores[r * n_keys + j] = round_to_bf16(s);
+            }
+    });
+}
+
+void cpu_backend::engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
+                              float norm_eps) {
+    std::vector<float> hn(static_cast<size_t>(dim)), kn(static_cast<size_t>(dim));
+    const float inv_sqrt_dim = 1.0f / std::sqrt(float(dim));
+    for (int64_t r = 0; r < n; ++r) {
+        const float* value = kv + (r * (hc + 1) + hc) * dim;
+        for (int k = 0; k < hc; ++k) {
+            float* Hk = H + (r * hc + k) * dim;
+            const float* key = kv + (r * (hc + 1) + k) * dim;
+            rms_norm(Hk, 1, dim, nullptr, norm_eps, hn.data(), true);
+            rms_norm(key, 1, dim, nullptr, norm_eps, kn.data(), true);
+            double d = 0;
+            for (int64_t i = 0; i < dim; ++i) d += double(hn[size_t(i)] * qk[k * dim + i] * kn[size_t(i)]);
+            const float dotv = float(d) * inv_sqrt_dim;
+            const float sgn = dotv > 0 ? 1.0f : (dotv < 0 ? -1.0f : 0.0f);
+            const float gate = sigmoid(sgn * std::sqrt(std::max(std::fabs(dotv), 1e-6f)));
+            for (int64_t i = 0; i < dim; ++i) Hk[i] = round_to_bf16(Hk[i] + gate * value[i]);
+        }
+    }
+}
+
+}  // namespace moestream

@@ -1,0 +1,44 @@
+// The CPU implementation of the backend ops: multi-threaded over rows (matmul over output rows)
+// with a pool sized from the config, fp32 accumulation, bit-identical for any thread count.
+#pragma once
+
+#include <memory>
+
+#include "model/backend.h"
+#include "model/thread_pool.h"
+
+namespace moestream {
+
+class cpu_backend final : public backend {
+  public:
+    explicit cpu_backend(int threads);
+    const char* name() const override { return "cpu"; }
+    int threads() const override { return pool_.size(); }
+    thread_pool& pool() { return pool_; }
+
+    void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
+                bool round_bf16) override;
+    void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
+                  bool round_bf16) override;
+    void round_bf16(float* x, int64_t count) override;
+    void rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
+              const int64_t* pos, const float* freqs, bool inverse) override;
+    void hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
+                  const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* pre, float* post,
+                  float* comb) override;
+    void hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) override;
+    void hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
+                   const float* comb, float* out) override;
+    void attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
+                   const float* sinks) override;
+    void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) override;
+    void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
+                        int64_t n_keys, const int64_t* n_visible, float* scores) override;
+    void engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
+                     float norm_eps) override;
+
+  private:
+    thread_pool pool_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,40 @@
+// Shared by the exactness suites: converts a reference fixture checkpoint into GGUF files once
+// per test process, loads it with a CPU backend, and reads the fixture's recorded tensors.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/arch/deepseek41.h"
+#include "model/cpu_backend.h"
+#include "scheduler/model_loader.h"
+#include "storage/safetensors.h"
+
+namespace moestream::test {
+
+struct fixture_model {
+    std::string dir;
+    std::unique_ptr<loaded_model> files;
+    std::unique_ptr<cpu_backend> backend;
+    std::unique_ptr<resident_experts> experts;
+    std::unique_ptr<dsv41::model> model;
+
+    const dsv41::hparams& hp() const { return files->hp; }
+    std::unique_ptr<dsv41::sequence_state> sequence(int64_t tokens = 128) const {
+        return std::make_unique<dsv41::sequence_state>(files->hp, tokens, 16, model->has_draft());
+    }
+};
+
+// "dsv41-tiny-bf16" -> converted (cached per process) and loaded with `threads` threads.
+fixture_model& fixture(const std::string& name, int threads = 2);
+std::string fixture_path(const std::string& name);
+
+// F32 / integer tensors of a fixture safetensors file.
+std::vector<float> read_f32(const std::string& path, const std::string& tensor, std::vector<int64_t>* shape = nullptr);
+std::vector<int64_t> read_i64(const std::string& path, const std::string& tensor, std::vector<int64_t>* shape = nullptr);
+
+double correlation(const float* a, const float* b, int64_t n);
+
+}  // namespace moestream::test
