@@ -10,7 +10,7 @@
 namespace moestream {
 namespace {
 
-const cli::option_spec kConfigOptions[] = {
+constexpr cli::option_spec kConfigOptions[] = {
     {"config", "FILE.json", "configuration file (CLI flags override it)"},
     {"device-cache", "GiB", "device expert cache budget (VRAM, or RAM on the CPU backend)"},
     {"host-cache", "GiB", "pinned host expert cache budget"},

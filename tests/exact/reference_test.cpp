@@ -17,6 +17,7 @@ struct run_result {
     std::vector<double> prefill_corr, decode_corr, draft_corr;
     double whole = 0, median = 0, min = 1;
     double main_hidden_min = 1;
+    std::vector<float> confidence, ref_confidence;
 };
 
 double median(std::vector<double> v) {
@@ -41,6 +42,7 @@ run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_comp
     const auto ref_hidden = read_f32(path, "dspark_main_hidden_decode");
 
     run_result r;
+    r.ref_confidence = read_f32(path, "dspark_confidence");
     std::vector<float> logits, all_ours, all_ref;
     dsv41::forward_item item{seq.get(), ids, true};
     BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
@@ -66,6 +68,7 @@ run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_comp
             picks->set_draft_step(k);
             dsv41::draft_output out;
             BOOST_TEST_REQUIRE(m.model->draft(*seq, int32_t(row[0]), out, drafts).ok());
+            r.confidence.insert(r.confidence.end(), out.confidence.begin(), out.confidence.end());
             for (int i = 0; i < B; ++i)
                 r.draft_corr.push_back(correlation(out.logits.data() + i * V, ref_draft.data() + (k * B + i) * V, V));
         }
@@ -84,6 +87,10 @@ double min_of(const std::vector<double>& v) { return v.empty() ? 1.0 : *std::min
 void check_forced(const std::string& fx, double bound) {
     for (int len : {1, 7, 40}) {
         const auto r = run_prompt(fx, len, true, false);
+        // Confidence logits (one scalar per draft row): correlated over all rows of the prompt.
+        const double cc = correlation(r.confidence.data(), r.ref_confidence.data(), int64_t(r.confidence.size()));
+        BOOST_TEST_MESSAGE(fx << " len " << len << " DSpark confidence corr " << cc);
+        BOOST_TEST(cc >= bound, fx << " len " << len << " DSpark confidence corr " << cc);
         BOOST_TEST_MESSAGE(fx << " len " << len << " forced picks: prefill min " << min_of(r.prefill_corr)
                               << ", decode min " << min_of(r.decode_corr) << ", DSpark draft min " << min_of(r.draft_corr)
                               << ", taps min " << r.main_hidden_min << ", median " << r.median);

@@ -1,0 +1,155 @@
+// moestream bench cpu: prefill and decode speed of the CPU backend with every expert in RAM, and
+// decode's achieved memory bandwidth as a fraction of this machine's read bandwidth measured in
+// the same run (decode reads each weight it uses once per token, so that ratio is the figure of
+// merit; the target on mini-lite is >= 50%).
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <set>
+
+#include "model/memory_bandwidth.h"
+#include "model/quant.h"
+#include "tools/command.h"
+#include "tools/model_session.h"
+
+namespace moestream::tools {
+namespace {
+
+constexpr std::string_view kName = "bench cpu";
+
+using clock_type = std::chrono::steady_clock;
+double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+// Counts the expert bytes one step reads (each expert of a layer once, as decode does).
+class counting_experts final : public dsv41::expert_source {
+  public:
+    explicit counting_experts(const loaded_model& m) : m_(m) {}
+    void need(int, std::span<const int32_t> experts) override { distinct_ += int64_t(experts.size()); }
+    result<dsv41::expert_weights> get(int layer, int32_t e) override {
+        auto w = m_.expert(layer, e);
+        bytes_ += int64_t(w.gate.rows * w.gate.row_stride + w.up.rows * w.up.row_stride + w.down.rows * w.down.row_stride);
+        return w;
+    }
+    void reset() { bytes_ = distinct_ = 0; }
+    int64_t bytes() const { return bytes_; }
+    int64_t distinct() const { return distinct_; }
+
+  private:
+    const loaded_model& m_;
+    int64_t bytes_ = 0, distinct_ = 0;
+};
+
+// Dense bytes a decode step reads: every non-expert tensor once, except the token embedding (one
+// row) and the engram tables (a few rows), which are gathers.
+int64_t dense_bytes_per_token(const gguf::model_file& f) {
+    int64_t total = 0;
+    for (const auto& t : f.tensors()) {
+        if (t.n_dims == 3 || t.name.find("engram_embd") != std::string::npos || t.name == "token_embd.weight" ||
+            t.name.rfind("engram_", 0) == 0)
+            continue;
+        total += int64_t(t.bytes);
+    }
+    return total;
+}
+
+// Touches every page of the file so the run measures compute and memory, not the disk.
+void warm(const gguf::model_file& f) {
+    volatile uint8_t sink = 0;
+    for (const auto& t : f.tensors()) {
+        const auto d = f.data(t);
+        madvise(const_cast<std::byte*>(d.data()) - (reinterpret_cast<uintptr_t>(d.data()) & 4095), d.size() + 4096,
+                MADV_WILLNEED);
+        for (size_t i = 0; i < d.size(); i += 4096) sink = sink + uint8_t(d[i]);
+    }
+    (void)sink;
+}
+
+int run(const cli::args& a) {
+    auto cfg = load_config(a);
+    if (!cfg) return usage_error(kName, cfg.message());
+    auto n_prompt = a.get_int("prompt-tokens", 64);
+    auto n_decode = a.get_int("decode-tokens", 16);
+    if (!n_prompt || !n_decode) return usage_error(kName, !n_prompt ? n_prompt.message() : n_decode.message());
+    if (*n_prompt < 1 || *n_decode < 1) return usage_error(kName, "--prompt-tokens and --decode-tokens must be >= 1");
+    auto session = open_model_session(*cfg, false);
+    if (!session) return fail(kName, session.message());
+    auto& s = **session;
+    const auto& hp = s.hp();
+    counting_experts experts(*s.files);
+    dsv41::model mdl(hp, s.files->weights, nullptr, experts, *s.backend);
+
+    std::printf("model %s: dim %lld, %d layers, %d experts (top-%d), vocab %lld; backend cpu, %d threads, kernels %s\n",
+                cfg->model.path.c_str(), static_cast<long long>(hp.dim), hp.n_layers, hp.n_experts, hp.n_active,
+                static_cast<long long>(hp.vocab), s.backend->threads(), quant::kernel_isa());
+    auto t0 = clock_type::now();
+    if (!a.flag("no-warm")) {
+        warm(s.files->target);
+        std::printf("warm-up: every page of the file touched in %.1f s (all experts in RAM)\n", seconds_since(t0));
+    }
+    const double bw = measure_read_bandwidth(s.backend->pool(), size_t(1) << 30, 3);
+    std::printf("memory read bandwidth (measured now, %d threads): %.2f GB/s\n", s.backend->threads(), bw / 1e9);
+
+    // A deterministic prompt spread over the vocabulary.
+    std::vector<int32_t> prompt;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < *n_prompt; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        prompt.push_back(int32_t((x >> 33) % uint64_t(hp.vocab)));
+    }
+    auto seq = std::make_unique<dsv41::sequence_state>(hp, *n_prompt + *n_decode + 1, 16, false);
+    std::vector<float> logits;
+    experts.reset();
+    t0 = clock_type::now();
+    dsv41::forward_item item{seq.get(), prompt, false};
+    if (auto st = mdl.forward({&item, 1}, logits); !st) return fail(kName, st.message());
+    const double t_prefill = seconds_since(t0);
+    const int64_t prefill_experts = experts.distinct();
+
+    const int64_t dense = dense_bytes_per_token(s.files->target);
+    double t_decode = 0;
+    int64_t expert_bytes = 0, distinct = 0;
+    for (int64_t k = 0; k < *n_decode; ++k) {
+        const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        experts.reset();
+        t0 = clock_type::now();
+        dsv41::forward_item step{seq.get(), {&next, 1}, false};
+        if (auto st = mdl.forward({&step, 1}, logits); !st) return fail(kName, st.message());
+        t_decode += seconds_since(t0);
+        expert_bytes += experts.bytes();
+        distinct += experts.distinct();
+    }
+    const double per_token = double(dense) + double(expert_bytes) / double(*n_decode);
+    const double achieved = per_token * double(*n_decode) / t_decode;
+    std::printf("prefill: %lld tokens in %.3f s = %.1f tok/s (%lld expert loads over %d layers)\n",
+                static_cast<long long>(*n_prompt), t_prefill, double(*n_prompt) / t_prefill,
+                static_cast<long long>(prefill_experts), hp.n_layers);
+    std::printf("decode: %lld tokens in %.3f s = %.2f tok/s, %.1f ms/token\n", static_cast<long long>(*n_decode),
+                t_decode, double(*n_decode) / t_decode, 1e3 * t_decode / double(*n_decode));
+    std::printf("decode bytes/token: %.1f MB dense + %.1f MB experts (%.1f experts/layer)\n", double(dense) / 1e6,
+                double(expert_bytes) / double(*n_decode) / 1e6,
+                double(distinct) / double(*n_decode) / double(hp.n_layers));
+    std::printf("decode bandwidth: %.2f GB/s = %.0f%% of the measured %.2f GB/s (target >= 50%%)\n", achieved / 1e9,
+                100.0 * achieved / bw, bw / 1e9);
+    return 0;
+}
+
+const std::vector<cli::option_spec>& options() {
+    static const auto specs = with_config_options({
+        {"model", "FILE.gguf", "deepseek41 model file"},
+        {"prompt-tokens", "N", "prefill length (default 64)"},
+        {"decode-tokens", "N", "decode steps (default 16)"},
+        {"no-warm", "", "do not page the file in first (measures the disk too)"},
+    });
+    return specs;
+}
+
+const command kCommand{kName, "--model FILE.gguf [--prompt-tokens N] [--decode-tokens N] [--threads N]",
+                       "Prefill and decode speed on the CPU backend with all experts in RAM, and decode's achieved "
+                       "memory bandwidth as a fraction of the machine's read bandwidth measured in the same run.",
+                       options(), run};
+MS_REGISTER_COMMAND(kCommand);
+
+}  // namespace
+}  // namespace moestream::tools
