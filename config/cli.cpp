@@ -13,6 +13,12 @@ const option_spec* find_spec(std::span<const option_spec> specs, std::string_vie
     return nullptr;
 }
 
+const option_spec* find_short(std::span<const option_spec> specs, char c) {
+    for (const auto& s : specs)
+        if (s.short_name != 0 && s.short_name == c) return &s;
+    return nullptr;
+}
+
 }  // namespace
 
 result<args> args::parse(std::span<const std::string> argv, std::span<const option_spec> specs) {
@@ -22,6 +28,25 @@ result<args> args::parse(std::span<const std::string> argv, std::span<const opti
         if (word == "--") {
             for (size_t j = i + 1; j < argv.size(); ++j) out.positional_.push_back(argv[j]);
             break;
+        }
+        // `-c VALUE` / `-c` for a declared alias; every other short word is positional as before.
+        if (word.size() == 2 && word[0] == '-' && word[1] != '-') {
+            if (const option_spec* spec = find_short(specs, word[1])) {
+                if (spec->value_name.empty()) {
+                    out.values_.emplace(std::string(spec->name), std::string());
+                    continue;
+                }
+                if (i + 1 >= argv.size()) {
+                    std::string msg = "option ";
+                    msg += word;
+                    msg += " needs a value (";
+                    msg += spec->value_name;
+                    msg += ')';
+                    return make_error(std::move(msg));
+                }
+                out.values_.emplace(std::string(spec->name), argv[++i]);
+                continue;
+            }
         }
         if (word.size() < 3 || word.substr(0, 2) != "--") {
             out.positional_.emplace_back(word);
@@ -104,9 +129,17 @@ std::string usage(std::string_view command, std::string_view synopsis, std::stri
     out += '\n';
     if (!specs.empty()) out += "\noptions:\n";
     size_t width = 0;
-    for (const auto& s : specs) width = std::max(width, s.name.size() + s.value_name.size() + 3);
+    // An alias is listed in front of its option ("-n, --n-predict N"), 4 more characters.
+    for (const auto& s : specs)
+        width = std::max(width, s.name.size() + s.value_name.size() + 3 + (s.short_name ? 4 : 0));
     for (const auto& s : specs) {
-        std::string left = "--";
+        std::string left;
+        if (s.short_name) {
+            left += '-';
+            left += s.short_name;
+            left += ", ";
+        }
+        left += "--";
         left += s.name;
         if (!s.value_name.empty()) {
             left += ' ';

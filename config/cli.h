@@ -1,6 +1,8 @@
 // Command-line parsing for the subcommands: `--name value`, `--name=value`, `--flag`, and
 // positional arguments. Every option is declared up front so `--help` lists it and an unknown or
-// malformed option is a clear error naming it.
+// malformed option is a clear error naming it. An option may also declare a one-letter alias
+// (`-n 5` for `--n-predict 5`, as llama.cpp users type it); any other word starting with a single
+// dash stays positional, so negative numbers ("-1") keep working as values and positionals.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@ struct option_spec {
     std::string_view name;        // without the leading "--"
     std::string_view value_name;  // empty for a boolean flag
     std::string_view help;
+    char short_name = 0;          // optional alias `-c`; 0 = none. Stored under `name`.
 };
 
 class args {

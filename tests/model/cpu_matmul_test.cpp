@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "model/memory_bandwidth.h"
 #include "model/quant.h"
 #include "model/thread_pool.h"
 #include "tests/common/test_support.h"
@@ -184,6 +185,15 @@ BOOST_AUTO_TEST_CASE(empty_shapes_write_nothing) {
     matmul(pool, m.type, m.bytes.data(), 0, 64, x.data(), 2, 64, y.data(), 4);
     matmul(pool, m.type, m.bytes.data(), 4, 64, x.data(), 0, 64, y.data(), 4);
     for (float v : y) BOOST_TEST(v == kSentinel);
+}
+
+// The benchmark's ceiling: only sanity here (the value depends on the machine and its load).
+BOOST_AUTO_TEST_CASE(read_bandwidth_is_plausible) {
+    thread_pool pool(2);
+    const double bw = measure_read_bandwidth(pool, size_t(4) << 20, 2);
+    BOOST_TEST(bw > 1e8);    // more than 0.1 GB/s
+    BOOST_TEST(bw < 1e13);   // less than 10 TB/s
+    BOOST_TEST(measure_read_bandwidth(pool, 1, 1) > 0);  // rounds up to one line
 }
 
 BOOST_AUTO_TEST_SUITE_END()
