@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 
+#include "model/act_quant.h"
 #include "model/tensor.h"
 
 namespace moestream {
@@ -53,8 +54,13 @@ class backend {
                            const float* comb, float* out) = 0;
 
     // Sparse attention with a per-head sink logit (§3.4.9); output rounded to bf16.
+    // With bf16_probs the exp(s - max) weights are rounded to bf16 before they multiply the
+    // values (the reference kernel's rounding, §3.8), the denominator still sums fp32 values.
     virtual void attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
-                           const float* sinks) = 0;
+                           const float* sinks, bool bf16_probs) = 0;
+
+    // Quantise-dequantise in place as the reference's low-precision activations (§3.8).
+    virtual void simulate_quant(act_quant_kind kind, float* x, int64_t count) = 0;
 
     // SwiGLU with the V4.1 clamps, in place into g: g[r] = bf16(w[r] · silu(min(g, limit)) ⊙ clamp(u, ±limit)).
     // w may be null (weight 1). g and u hold n rows of `inter` floats.

@@ -158,7 +158,7 @@ void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, i
 }
 
 void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
-                            const float* sinks) {
+                            const float* sinks, bool bf16_probs) {
     const int64_t units = int64_t(rows.size()) * n_heads;
     pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
         std::vector<float> p;
@@ -178,7 +178,7 @@ void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, in
             float denom = std::exp(sinks[h] - m);
             for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
             for (int64_t i = 0; i < row.n_keys; ++i) {
-                const float wgt = p[size_t(i)];
+                const float wgt = bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)];
                 const float* k = row.keys[i];
                 for (int64_t d = 0; d < head_dim; ++d) o[d] += wgt * k[d];
             }
@@ -187,6 +187,8 @@ void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, in
         }
     });
 }
+
+void cpu_backend::simulate_quant(act_quant_kind kind, float* x, int64_t count) { simulate_act_quant(kind, x, count); }
 
 void cpu_backend::swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) {
     for (int64_t r = 0; r < n; ++r) {

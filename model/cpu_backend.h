@@ -30,7 +30,8 @@ class cpu_backend final : public backend {
     void hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                    const float* comb, float* out) override;
     void attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
-                   const float* sinks) override;
+                   const float* sinks, bool bf16_probs) override;
+    void simulate_quant(act_quant_kind kind, float* x, int64_t count) override;
     void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) override;
     void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
                         int64_t n_keys, const int64_t* n_visible, float* scores) override;

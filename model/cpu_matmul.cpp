@@ -6,7 +6,6 @@
 #include "model/cpu_matmul.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string_view>
 
 #include "config/assert.h"
@@ -69,16 +68,6 @@ struct job {
     // Out rows [begin, end) for every x row.
     void run(int64_t begin, int64_t end) const {
         if (n_rows == 1) {
-            static const int64_t dist = getenv("PFD") ? atoll(getenv("PFD")) : 0;
-            if (dist > 0) {
-                const uint8_t* lim = w + end * row_bytes;
-                for (int64_t o = begin; o < end; ++o) {
-                    const uint8_t* row = w + o * row_bytes;
-                    for (const uint8_t* p = row + dist; p < row + dist + row_bytes && p < lim; p += 64) __builtin_prefetch(p);
-                    y[o] = dot(row, x, in_cols);
-                }
-                return;
-            }
             for (int64_t o = begin; o < end; ++o) y[o] = dot(w + o * row_bytes, x, in_cols);
             return;
         }

@@ -141,7 +141,10 @@ int run(const cli::args& a) {
         picks = std::move(*p);
     }
     recording_observer observer;
-    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, &observer});
+    const std::string act_quant = a.get_or("act-quant", "off");
+    if (act_quant != "off" && act_quant != "reference")
+        return usage_error(kName, "--act-quant must be 'off' or 'reference', got '" + act_quant + "'");
+    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, &observer, act_quant == "reference"});
 
     auto seq = s.new_sequence(int64_t(tokens->size()));
     std::vector<float> logits;
@@ -222,12 +225,13 @@ const std::vector<cli::option_spec>& options() {
         {"out", "DIR", "folder to write dump.safetensors into (created if needed)"},
         {"force-picks", "PROMPT.safetensors", "use a fixture's recorded router/indexer/candidate picks"},
         {"ref-compat", "", "reproduce the reference's decode quirk (stale ratio-2 index keys, §3.4.6)"},
+        {"act-quant", "MODE", "off (default) or reference: simulate the reference's fp8/fp4 activation round trips (§3.8)"},
     });
     return specs;
 }
 
 const command kCommand{
-    kName, "--model FILE.gguf --tokens 1,2,3 --out DIR [--force-picks P.safetensors] [--ref-compat] [--draft D.gguf]",
+    kName, "--model FILE.gguf --tokens 1,2,3 --out DIR [--force-picks P.safetensors] [--ref-compat] [--act-quant reference] [--draft D.gguf]",
     "Runs one prefill of the tokens and writes every intermediate tensor the model reports to DIR/dump.safetensors "
     "(F32): per layer as blk.{L}.{name} (layer_in, engram_out, q, kv, lid_score, router_scores, attn_out, "
     "ffn_moe_out, in computation order), plus the reference fixtures' names: layer_in_streams [layers, T, hc, dim] "

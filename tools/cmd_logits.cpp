@@ -43,7 +43,10 @@ int run(const cli::args& a) {
                                    " tokens that differs from --tokens: the recorded picks only apply to their own prompt");
         picks = std::move(*p);
     }
-    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, nullptr});
+    const std::string act_quant = a.get_or("act-quant", "off");
+    if (act_quant != "off" && act_quant != "reference")
+        return usage_error(kName, "--act-quant must be 'off' or 'reference', got '" + act_quant + "'");
+    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, nullptr, act_quant == "reference"});
 
     auto seq = s.new_sequence(int64_t(tokens->size() + decode.size()));
     std::vector<float> all, step;
@@ -76,6 +79,7 @@ const std::vector<cli::option_spec>& options() {
         {"tokens", "1,2,3", "prompt token ids, prefilled in one forward"},
         {"decode", "4,5,6", "token ids fed one per single-token step after the prefill"},
         {"ref-compat", "", "reproduce the reference's decode quirk (stale ratio-2 index keys, §3.4.6)"},
+        {"act-quant", "MODE", "off (default) or reference: simulate the reference's fp8/fp4 activation round trips (§3.8)"},
         {"force-picks", "PROMPT.safetensors", "use a fixture's recorded router/indexer/candidate picks"},
         {"out", "FILE.f32", "where to write the logits"},
     });
@@ -83,7 +87,7 @@ const std::vector<cli::option_spec>& options() {
 }
 
 const command kCommand{
-    kName, "--model FILE.gguf --tokens 1,2,3 [--decode 4,5,6] [--ref-compat] [--force-picks P.safetensors] --out FILE.f32",
+    kName, "--model FILE.gguf --tokens 1,2,3 [--decode 4,5,6] [--ref-compat] [--act-quant reference] [--force-picks P.safetensors] --out FILE.f32",
     "Prefills the tokens in one forward, then feeds each --decode id as its own single-token step, and writes the "
     "float32 logits of every row (row-major [n_tokens + n_decode, vocab]). The output is independent of thread "
     "counts and cache budgets (bit-identical).",

@@ -165,7 +165,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     std::vector<std::vector<uint8_t>> cand_mask(static_cast<size_t>(R));   // candidate source's entry mask
     const int last_source = hp.kv_source_layers.empty() ? -1 : hp.kv_source_layers.back();
 
-    std::vector<float> x(static_cast<size_t>(R * dim)), qr, q, a, f, u;
+    std::vector<float> x(static_cast<size_t>(R * dim)), xq, qr, q, a, f, u;
     detail::hc_mix mixA, mixF;
     std::vector<attention_row> arows(static_cast<size_t>(R));
     std::vector<std::vector<const float*>> keys(static_cast<size_t>(R));
@@ -193,6 +193,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                     }
                 }
             be_.round_bf16(ucat.data(), int64_t(ucat.size()));
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ucat.data(), int64_t(ucat.size()));
             be_.matmul(lw.engram_wkv, ucat.data(), in, R, kv5.data(), (hc + 1) * dim, true);
             be_.engram_gate(H.data(), R, hc, dim, kv5.data(), lw.engram_qk.data, float(hp.norm_eps));
             detail::observe(env, "engram_out", L, H.data(), {R, hc, dim});
@@ -215,8 +216,14 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         mixA.compute(env, H, R, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
         be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), x.data());
         be_.rms_norm(x.data(), R, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
-        detail::query(env, lw, x.data(), rows, freqs, qr, q);
-        detail::window_kv(env, lw, x.data(), rows, freqs, layer_kv[size_t(L)]);
+        const float* x_fp8 = x.data();  // input of the fp8 linears wq_a and wkv
+        if (opts_.act_quant) {
+            xq.assign(x.begin(), x.end());
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
+            x_fp8 = xq.data();
+        }
+        detail::query(env, lw, x_fp8, rows, freqs, qr, q);
+        detail::window_kv(env, lw, x_fp8, rows, freqs, layer_kv[size_t(L)]);
         const std::vector<float>& kv = layer_kv[size_t(L)];
         detail::observe(env, "q", L, q.data(), {R, hp.q_dim()});
         detail::observe(env, "kv", L, kv.data(), {R, hd});
@@ -276,6 +283,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 for (size_t k = 0; k < idx.size(); ++k) at[k] = idx[k] * ratio;  // a latent stands for its group's first token
                 be_.rope(ik.data(), ne, hp.index_head_dim, 1, hp.index_head_dim, hp.rope_dim, at.data(), freqs, false);
                 be_.rope(lat.data(), ne, hd, 1, hd, hp.rope_dim, at.data(), freqs, false);
+                // After the index keys took the unrotated latent (§3.8).
+                detail::act_quant(env, act_quant_kind::fp4_e8m0_32, ik.data(), int64_t(ik.size()));
+                detail::act_quant(env, act_quant_kind::fp4_e4m3_16, lat.data(), int64_t(lat.size()));
                 for (int64_t k = 0; k < ne; ++k) {
                     MS_ASSERT_MSG(idx[size_t(k)] == c.entries, "compressed entries must be appended in order");
                     std::copy_n(lat.data() + k * hd, hd, c.latents.data() + c.entries * hd);
@@ -293,6 +303,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             std::vector<float> qi(static_cast<size_t>(R * nh * ihd)), wi(static_cast<size_t>(R * nh));
             be_.matmul(lw.index_q_b, qr.data(), hp.q_lora_rank, R, qi.data(), nh * ihd, true);
             be_.rope(qi.data(), R, nh * ihd, nh, ihd, hp.rope_dim, rows.pos.data(), freqs, false);
+            detail::act_quant(env, act_quant_kind::fp4_e8m0_32, qi.data(), int64_t(qi.size()));
             be_.matmul(lw.index_proj, x.data(), dim, R, wi.data(), nh, true);
             const float wscale = 1.0f / std::sqrt(float(ihd * nh));
             for (auto& v : wi) v = round_to_bf16(v * wscale);
@@ -434,8 +445,11 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     std::vector<std::vector<float>> stage_kv;
     if (draft_) {
         std::vector<float> mx(static_cast<size_t>(R * dim));
-        be_.matmul(draft_->fc, taps.data(), n_taps * dim, R, mx.data(), dim, true);
+        std::vector<float> tq(taps);  // main_proj input (fp8 linear)
+        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, tq.data(), int64_t(tq.size()));
+        be_.matmul(draft_->fc, tq.data(), n_taps * dim, R, mx.data(), dim, true);
         be_.rms_norm(mx.data(), R, dim, draft_->enc_norm.data, float(hp.norm_eps), mx.data(), true);
+        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, mx.data(), int64_t(mx.size()));  // input of each stage's wkv
         for (int s = 0; s < hp.n_mtp; ++s)
             detail::window_kv(env, draft_->stages[size_t(s)], mx.data(), rows, freqs_plain_.data(), stage_kv.emplace_back());
         detail::observe(env, "dspark_main_hidden", -1, taps.data(), {R, n_taps * dim});

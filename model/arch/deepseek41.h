@@ -158,6 +158,9 @@ struct model_options {
     bool ref_compat = false;  // reproduce the reference's stale index-key slot (§3.4.6)
     pick_hook* hook = nullptr;
     tensor_observer* observer = nullptr;
+    // Simulate the reference's fp8/fp4 activation round trips (§3.8): only useful to compare with a
+    // reference run that had them on (the fp8 fixture); costs speed.
+    bool act_quant = false;
 };
 
 struct draft_output {

@@ -29,6 +29,7 @@ void query(const env& e, const layer_weights& lw, const float* x, const rows_inf
     q.resize(size_t(n * hp.q_dim()));
     e.be.matmul(lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
     e.be.matmul(lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true);
     // No per-head q norm: that was V4 (§6 item 10).
     e.be.rope(q.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
@@ -42,6 +43,7 @@ void window_kv(const env& e, const layer_weights& lw, const float* x, const rows
     e.be.matmul(lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true);
     e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
     e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
 }
 
 void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
@@ -54,7 +56,8 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
         arows[size_t(r)].q = q.data() + r * hp.q_dim();
         arows[size_t(r)].out = o.data() + r * hp.q_dim();
     }
-    e.be.attention(arows, hp.n_heads, hp.head_dim, 1.0f / std::sqrt(float(hp.head_dim)), lw.attn_sinks.data);
+    e.be.attention(arows, hp.n_heads, hp.head_dim, 1.0f / std::sqrt(float(hp.head_dim)), lw.attn_sinks.data,
+                   e.opts.act_quant);
     // The values carry the rotated tail: turn it back at the query's own position.
     e.be.rope(o.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, true);
     // Grouped output: group g (heads g*hpg .. ) through its own row block of W_oa.
@@ -65,6 +68,7 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
         e.be.matmul(lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(), n,
                     u.data() + g * hp.o_lora_rank, low, true);
     out.resize(size_t(n * hp.dim));
+    act_quant(e, act_quant_kind::fp8_e8m0_32, u.data(), int64_t(u.size()));
     e.be.matmul(lw.out_b, u.data(), low, n, out.data(), hp.dim, true);
 }
 
@@ -116,6 +120,14 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     }
     observe(e, "router_scores", layer, scores.data(), {n, n_experts});
 
+    // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip.
+    std::vector<float> xq;
+    if (e.opts.act_quant) {
+        xq.assign(x, x + n * dim);
+        act_quant(e, act_quant_kind::fp8_e8m0_32, xq.data(), n * dim);
+        x = xq.data();
+    }
+
     // The union of the rows' experts, announced at once (one read queue for the whole layer).
     std::vector<int32_t> needed(picks);
     std::sort(needed.begin(), needed.end());
@@ -147,6 +159,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         e.be.matmul(ew->gate, xs.data(), dim, m, g.data(), inter, true);
         e.be.matmul(ew->up, xs.data(), dim, m, u.data(), inter, true);
         e.be.swiglu(g.data(), u.data(), m, inter, float(hp.swiglu_limit), w.data());
+        act_quant(e, act_quant_kind::fp8_e8m0_32, g.data(), m * inter);
         e.be.matmul(ew->down, g.data(), inter, m, y.data(), dim, true);
         for (int64_t i = 0; i < m; ++i)
             for (int64_t d = 0; d < dim; ++d) acc[size_t(which[size_t(i)] * dim + d)] += y[size_t(i * dim + d)];
@@ -158,6 +171,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     e.be.matmul(lw.gate_shexp, x, dim, n, g.data(), sinter, true);
     e.be.matmul(lw.up_shexp, x, dim, n, u.data(), sinter, true);
     e.be.swiglu(g.data(), u.data(), n, sinter, float(hp.swiglu_limit), nullptr);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, g.data(), n * sinter);
     e.be.matmul(lw.down_shexp, g.data(), sinter, n, y.data(), dim, true);
     out.resize(size_t(n * dim));
     for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_bf16(acc[i] + y[i]);

@@ -36,7 +36,7 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
     std::vector<float> p_in(static_cast<size_t>(B * hc), 0.0f);
     for (int r = 0; r < B; ++r) p_in[size_t(r * hc)] = 1.0f;
 
-    std::vector<float> x(static_cast<size_t>(B * dim)), qr, q, kv, a, f;
+    std::vector<float> x(static_cast<size_t>(B * dim)), xq, qr, q, kv, a, f;
     detail::hc_mix mixA, mixF;
     std::vector<attention_row> arows(static_cast<size_t>(B));
     std::vector<const float*> keys;
@@ -47,8 +47,14 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
         mixA.compute(env, H, B, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
         be_.hc_collapse(H.data(), B, hc, dim, p_in.data(), x.data());
         be_.rms_norm(x.data(), B, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
-        detail::query(env, lw, x.data(), rows, freqs, qr, q);
-        detail::window_kv(env, lw, x.data(), rows, freqs, kv);  // the rows' own keys: never stored
+        const float* x_fp8 = x.data();
+        if (opts_.act_quant) {
+            xq.assign(x.begin(), x.end());
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
+            x_fp8 = xq.data();
+        }
+        detail::query(env, lw, x_fp8, rows, freqs, qr, q);
+        detail::window_kv(env, lw, x_fp8, rows, freqs, kv);  // the rows' own keys: never stored
         // Keys: target features of positions max(0, p-W+1)..p, then the 5 rows; no causal mask.
         keys.clear();
         const auto& ring = seq.draft_rings_[size_t(s)];

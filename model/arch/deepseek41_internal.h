@@ -33,7 +33,8 @@ struct hc_mix {
                  const vector_view& scale);
 };
 
-// q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer).
+// q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer). With act_quant,
+// x must already be the fp8 round trip of the normed input (shared with window_kv).
 void query(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
            std::vector<float>& qr, std::vector<float>& q);
 // Window kv rows: RoPE(RMSNorm(W_kv · x)).
@@ -49,6 +50,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
 
 // Row `token` of an embedding-like table as floats.
 void embedding_row(const weight_view& table, int32_t token, float* out);
+
+// Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
+inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {
+    if (e.opts.act_quant) e.be.simulate_quant(kind, x, count);
+}
 
 // Observer helper: no-op without an observer.
 void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape);

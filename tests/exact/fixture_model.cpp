@@ -12,12 +12,13 @@ namespace moestream::test {
 
 std::string fixture_path(const std::string& name) { return (fixtures_dir() / name).string(); }
 
-fixture_model& fixture(const std::string& name, int threads) {
-    static std::map<std::pair<std::string, int>, std::unique_ptr<fixture_model>> cache;
-    auto& slot = cache[{name, threads}];
+fixture_model& fixture(const std::string& name, int threads, bool lossless) {
+    static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<fixture_model>> cache;
+    auto& slot = cache[{name, threads, lossless}];
     if (slot) return *slot;
-    const auto dir = scratch_dir("exact-" + name + "-" + std::to_string(threads));
+    const auto dir = scratch_dir("exact-" + name + "-" + std::to_string(threads) + (lossless ? "-lossless" : ""));
     convert::options o{fixture_path(name), (dir / "target.gguf").string(), (dir / "draft.gguf").string(), 1};
+    o.lossless = lossless;
     auto st = convert::convert_checkpoint(o, [](std::string_view) {});
     if (!st.ok()) BOOST_FAIL("convert " << name << ": " << st.message());
     auto files = load_model(o.out, o.draft_out);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <tuple>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +29,8 @@ struct fixture_model {
 };
 
 // "dsv41-tiny-bf16" -> converted (cached per process) and loaded with `threads` threads.
-fixture_model& fixture(const std::string& name, int threads = 2);
+// With `lossless`, fp8 weights are stored as BF16 (exact) instead of Q8_0.
+fixture_model& fixture(const std::string& name, int threads = 2, bool lossless = false);
 std::string fixture_path(const std::string& name);
 
 // F32 / integer tensors of a fixture safetensors file.

@@ -25,13 +25,13 @@ double median(std::vector<double> v) {
     return v.empty() ? 0 : v[v.size() / 2];
 }
 
-run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_compat) {
-    auto& m = fixture(fx);
+run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_compat, bool act_quant = false) {
+    auto& m = fixture(fx, 2, act_quant);
     const auto path = fixture_path(fx) + "/prompt_len" + std::to_string(len) + ".safetensors";
     const int64_t V = m.hp().vocab;
     auto picks = recorded_picks::load(path, m.hp());
     if (!picks.ok()) BOOST_FAIL(picks.message());
-    m.model->set_options({ref_compat, forced ? &*picks : nullptr, nullptr});
+    m.model->set_options({ref_compat, forced ? &*picks : nullptr, nullptr, act_quant});
     auto seq = m.sequence();
     const auto& ids = picks->input_ids();
     const auto& gen = picks->generated_ids();
@@ -84,9 +84,9 @@ run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_comp
 
 double min_of(const std::vector<double>& v) { return v.empty() ? 1.0 : *std::min_element(v.begin(), v.end()); }
 
-void check_forced(const std::string& fx, double bound) {
+void check_forced(const std::string& fx, double bound, bool act_quant = false) {
     for (int len : {1, 7, 40}) {
-        const auto r = run_prompt(fx, len, true, false);
+        const auto r = run_prompt(fx, len, true, false, act_quant);
         // Confidence logits (one scalar per draft row): correlated over all rows of the prompt.
         const double cc = correlation(r.confidence.data(), r.ref_confidence.data(), int64_t(r.confidence.size()));
         BOOST_TEST_MESSAGE(fx << " len " << len << " DSpark confidence corr " << cc);
@@ -122,6 +122,13 @@ BOOST_AUTO_TEST_CASE(bf16_margin_forced_picks, *needs("dsv41-tiny-bf16-margin"))
     check_forced("dsv41-tiny-bf16-margin", 0.999);
 }
 BOOST_AUTO_TEST_CASE(fp8_forced_picks, *needs("dsv41-tiny-fp8")) { check_forced("dsv41-tiny-fp8", 0.98); }
+// Simulating the reference's fp8/fp4 activation round trips (§3.8) on exact (BF16-stored) fp8
+// weights. The issue hopes for >= 0.999 here; measured: prefill min 0.989-0.993, median 0.995-0.996
+// (vs 0.993 without), the streams agree to 0.99999 through layer 3 and drift from the layer-4
+// engram/block on (an open question, see docs/model.md). Held to the fp8 contract meanwhile.
+BOOST_AUTO_TEST_CASE(fp8_act_quant_forced_picks, *needs("dsv41-tiny-fp8")) {
+    check_forced("dsv41-tiny-fp8", 0.98, true);
+}
 BOOST_AUTO_TEST_CASE(bf16_free_picks, *needs("dsv41-tiny-bf16")) { check_free("dsv41-tiny-bf16"); }
 BOOST_AUTO_TEST_CASE(bf16_margin_free_picks, *needs("dsv41-tiny-bf16-margin")) { check_free("dsv41-tiny-bf16-margin"); }
 
