@@ -559,6 +559,16 @@ result<dsv41::hparams> read_config(const std::string& config_path) {
     return parse_config(r);
 }
 
+// An optional integer field of config.json (nullopt when absent or not an integer).
+std::optional<int64_t> optional_config_int(const std::string& path, const char* key) {
+    simdjson::dom::parser parser;
+    simdjson::dom::element root;
+    if (parser.load(path).get(root) != simdjson::SUCCESS) return std::nullopt;
+    int64_t v = 0;
+    if (root[key].get(v) != simdjson::SUCCESS) return std::nullopt;
+    return v;
+}
+
 status convert_checkpoint(const options& opts, const log_fn& log) {
     const std::string& dir = opts.checkpoint_dir;
     if (!fs::is_directory(dir)) return make_error(dir + ": not a checkpoint folder");
@@ -590,6 +600,14 @@ status convert_checkpoint(const options& opts, const log_fn& log) {
         std::set<int32_t> keys(side->token_map.begin(), side->token_map.end());
         compressed = int64_t(keys.size());
     }
+    // A token map built from another tokenizer than the checkpoint's would hash every n-gram to
+    // other rows, silently: the config's count is the check.
+    if (auto want = optional_config_int(dir + "/config.json", "engram_compressed_vocab_size"); want && *want != compressed)
+        return make_error(dir + "/config.json: engram_compressed_vocab_size is " + std::to_string(*want) +
+                          " but the engram token map has " + std::to_string(compressed) + " distinct keys (" +
+                          (fs::exists(dir + "/engram_tables.safetensors") ? "engram_tables.safetensors"
+                                                                          : "computed from tokenizer.json") +
+                          "): is it the checkpoint's own tokenizer?");
     md.push_back({"deepseek41.engram_compressed_vocab_size", gguf::value::u32(uint32_t(compressed))});
     const std::string tok_json = dir + "/tokenizer.json";
     if (fs::exists(tok_json)) {
