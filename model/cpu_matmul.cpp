@@ -6,6 +6,7 @@
 #include "model/cpu_matmul.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <string_view>
 
 #include "config/assert.h"
@@ -93,9 +94,11 @@ job make_job(ggml_type type, const void* w, int64_t out_rows, int64_t in_cols, c
     const int64_t rb = row_bytes(t, in_cols);
     if (out_rows > 0 && n_rows > 0) {
         MS_ASSERT(w != nullptr && x != nullptr && y != nullptr);
-        const float* x_end = x + (n_rows - 1) * x_stride + in_cols;
-        const float* y_end = y + (n_rows - 1) * y_stride + out_rows;
-        MS_ASSERT_MSG(x_end <= y || y_end <= x, "matmul: x and y overlap");
+        // As integers: relational comparison of pointers into different arrays is unspecified.
+        const auto addr = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+        const uintptr_t x_end = addr(x + (n_rows - 1) * x_stride + in_cols);
+        const uintptr_t y_end = addr(y + (n_rows - 1) * y_stride + out_rows);
+        MS_ASSERT_MSG(x_end <= addr(y) || y_end <= addr(x), "matmul: x and y overlap");
     }
     return job{pick_dot(type), static_cast<const uint8_t*>(w), rb, in_cols, std::max<int64_t>(1, kTileBytes / rb),
                x, n_rows, x_stride, y, y_stride};
