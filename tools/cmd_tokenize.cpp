@@ -42,7 +42,10 @@ int run_tokenize(const cli::args& a) {
     if (!tok) return fail(name, tok.message());
     auto ids = tok->encode(text, a.flag("special"));
     std::string out = "[";
-    for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (i) out += ',';
+        out += std::to_string(ids[i]);
+    }
     out += "]\n";
     std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
