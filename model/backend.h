@@ -24,6 +24,17 @@ struct attention_row {
     float* out = nullptr;           // n_heads * head_dim
 };
 
+// One matmul of a batch: y[r] = W x[r] for r < n (see backend::matmul).
+struct matmul_job {
+    weight_view w;
+    const float* x = nullptr;
+    int64_t x_stride = 0;
+    int64_t n = 0;
+    float* y = nullptr;
+    int64_t y_stride = 0;
+    bool round_bf16 = false;
+};
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -33,6 +44,9 @@ class backend {
     // y[r] = W x[r] for r < n (x rows of w.cols floats, y rows of w.rows floats; strides in floats).
     virtual void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y,
                         int64_t y_stride, bool round_bf16) = 0;
+    // Independent matmuls run as one parallel step (decode's many small ones: the experts of a
+    // layer, q_a with kv, the output groups), each value as matmul() would compute it.
+    virtual void matmul_batch(std::span<const matmul_job> jobs) = 0;
     // y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps); w may be null (weightless); y may alias x.
     virtual void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                           bool round_bf16) = 0;

@@ -49,6 +49,32 @@ void cpu_backend::matmul(const weight_view& w, const float* x, int64_t x_stride,
         for (int64_t r = 0; r < n; ++r) round_to_bf16(y + r * y_stride, w.rows);
 }
 
+void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
+    // Split every job's output rows into tiles of about 32 KiB of weights and share the tiles
+    // out in one parallel step; each tile runs the single-threaded matmul on its rows, which
+    // computes every value exactly as the pooled one does.
+    constexpr int64_t kTileBytes = 32 << 10;
+    tiles_.clear();
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        const auto& jb = jobs[j];
+        MS_ASSERT(!jb.w.empty());
+        MS_ASSERT_MSG(jb.w.row_stride == size_t(row_bytes(dtype_info(jb.w.type), jb.w.cols)), "weight rows must be contiguous");
+        if (jb.n == 0) continue;
+        const int64_t rows = std::max<int64_t>(1, kTileBytes / int64_t(jb.w.row_stride));
+        for (int64_t b = 0; b < jb.w.rows; b += rows) tiles_.push_back({int32_t(j), b, std::min(jb.w.rows, b + rows)});
+    }
+    pool_.parallel_for(int64_t(tiles_.size()), [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            const tile& tl = tiles_[size_t(t)];
+            const auto& jb = jobs[size_t(tl.job)];
+            moestream::matmul(jb.w.type, jb.w.row(tl.begin), tl.end - tl.begin, jb.w.cols, jb.x, jb.n, jb.x_stride,
+                              jb.y + tl.begin, jb.y_stride);
+            if (jb.round_bf16)
+                for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, tl.end - tl.begin);
+        }
+    });
+}
+
 void cpu_backend::rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                            bool round) {
     for (int64_t r = 0; r < n; ++r) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "model/backend.h"
 #include "model/thread_pool.h"
@@ -18,6 +19,7 @@ class cpu_backend final : public backend {
 
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
                 bool round_bf16) override;
+    void matmul_batch(std::span<const matmul_job> jobs) override;
     void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                   bool round_bf16) override;
     void round_bf16(float* x, int64_t count) override;
@@ -39,7 +41,12 @@ class cpu_backend final : public backend {
                      float norm_eps) override;
 
   private:
+    struct tile {
+        int32_t job;
+        int64_t begin, end;
+    };
     thread_pool pool_;
+    std::vector<tile> tiles_;  // matmul_batch's work list, reused
 };
 
 }  // namespace moestream

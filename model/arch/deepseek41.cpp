@@ -222,8 +222,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
             x_fp8 = xq.data();
         }
-        detail::query(env, lw, x_fp8, rows, freqs, qr, q);
-        detail::window_kv(env, lw, x_fp8, rows, freqs, layer_kv[size_t(L)]);
+        std::vector<float> qi;  // the indexer's query, when this layer is an index source
+        detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, layer_kv[size_t(L)], &qi);
         const std::vector<float>& kv = layer_kv[size_t(L)];
         detail::observe(env, "q", L, q.data(), {R, hp.q_dim()});
         detail::observe(env, "kv", L, kv.data(), {R, hd});
@@ -239,11 +239,12 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         // Compressor of a kv-source layer (§3.4.3-5): append this forward's latents and index keys.
         if (ratio > 0 && src_layer == L) {
             std::vector<float> ca(static_cast<size_t>(R * hd)), cz;
-            be_.matmul(lw.compressor_kv, x.data(), dim, R, ca.data(), hd, ratio == 1);
+            std::vector<matmul_job> jobs{{lw.compressor_kv, x.data(), dim, R, ca.data(), hd, ratio == 1}};
             if (ratio == 2) {
                 cz.resize(size_t(R * hd));
-                be_.matmul(lw.compressor_gate, x.data(), dim, R, cz.data(), hd, false);
+                jobs.push_back({lw.compressor_gate, x.data(), dim, R, cz.data(), hd, false});
             }
+            be_.matmul_batch(jobs);
             for (const auto& it : items) {
                 auto& c = source_of(it, L);
                 std::vector<float> lat;
@@ -300,8 +301,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         if (ratio > 0 && hp.is_index_source(L)) {
             const int nh = hp.index_n_heads;
             const int64_t ihd = hp.index_head_dim;
-            std::vector<float> qi(static_cast<size_t>(R * nh * ihd)), wi(static_cast<size_t>(R * nh));
-            be_.matmul(lw.index_q_b, qr.data(), hp.q_lora_rank, R, qi.data(), nh * ihd, true);
+            std::vector<float> wi(static_cast<size_t>(R * nh));
+            MS_ASSERT(int64_t(qi.size()) == R * nh * ihd);
             be_.rope(qi.data(), R, nh * ihd, nh, ihd, hp.rope_dim, rows.pos.data(), freqs, false);
             detail::act_quant(env, act_quant_kind::fp4_e8m0_32, qi.data(), int64_t(qi.size()));
             be_.matmul(lw.index_proj, x.data(), dim, R, wi.data(), nh, true);

@@ -21,17 +21,28 @@ void hc_mix::compute(const env& e, const std::vector<float>& H, int64_t n, const
                   float(e.hp.norm_eps), pre.data(), post.data(), comb.data());
 }
 
-void query(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-           std::vector<float>& qr, std::vector<float>& q) {
+void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
     qr.resize(size_t(n * hp.q_lora_rank));
     q.resize(size_t(n * hp.q_dim()));
-    e.be.matmul(lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true);
+    kv.resize(size_t(n * hp.head_dim));
+    const matmul_job first[] = {{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
+                                {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}};
+    e.be.matmul_batch(first);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
     act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
-    e.be.matmul(lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true);
-    // No per-head q norm: that was V4 (§6 item 10).
+    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
+    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
+    std::vector<matmul_job> second{{lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true}};
+    if (qi && !lw.index_q_b.empty()) {
+        const int64_t width = int64_t(hp.index_n_heads) * hp.index_head_dim;
+        qi->resize(size_t(n * width));
+        second.push_back({lw.index_q_b, qr.data(), hp.q_lora_rank, n, qi->data(), width, true});
+    }
+    e.be.matmul_batch(second);
     e.be.rope(q.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
 }
 
@@ -64,9 +75,11 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     const int64_t group_in = hp.head_dim * hp.heads_per_group();
     const int64_t low = hp.o_lora_rank * hp.o_groups;
     std::vector<float> u(static_cast<size_t>(n * low));
+    std::vector<matmul_job> groups;
     for (int g = 0; g < hp.o_groups; ++g)
-        e.be.matmul(lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(), n,
-                    u.data() + g * hp.o_lora_rank, low, true);
+        groups.push_back({lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(),
+                          n, u.data() + g * hp.o_lora_rank, low, true});
+    e.be.matmul_batch(groups);
     out.resize(size_t(n * hp.dim));
     act_quant(e, act_quant_kind::fp8_e8m0_32, u.data(), int64_t(u.size()));
     e.be.matmul(lw.out_b, u.data(), low, n, out.data(), hp.dim, true);
@@ -92,7 +105,7 @@ void top_k(const float* v, int n, int k, int32_t* out) {
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out) {
     const auto& hp = e.hp;
-    const int64_t n = rows.n(), dim = hp.dim, inter = hp.moe_inter;
+    const int64_t n = rows.n(), dim = hp.dim;
     // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
     std::vector<float> scores(static_cast<size_t>(n * n_experts)), biased(static_cast<size_t>(n_experts));
     e.be.matmul(lw.gate_inp, x, dim, n, scores.data(), n_experts, false);
@@ -134,47 +147,60 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
     e.experts.need(layer, needed);
 
-    // Accumulate in fp32 in ascending expert id, then the shared expert: a fixed order whatever
-    // order the experts become resident in.
-    std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
-    std::vector<float> xs, g, u, y, w;
-    std::vector<int64_t> which;
-    for (int32_t id : needed) {
-        which.clear();
-        w.clear();
+    // Every expert's rows are gathered, then all gate/up projections (shared expert included) run
+    // as one parallel step and all down projections as another. The sum is taken afterwards in a
+    // fixed order, ascending expert id then the shared expert, whatever order the experts
+    // became resident in.
+    struct expert_work {
+        std::vector<int64_t> rows;
+        std::vector<float> w, x, g, u, y;
+        expert_weights ew;
+    };
+    std::vector<expert_work> work(needed.size() + 1);
+    for (size_t k = 0; k < needed.size(); ++k) {
+        auto& ex = work[k];
         for (int64_t r = 0; r < n; ++r)
-            for (int k = 0; k < n_active; ++k)
-                if (picks[size_t(r * n_active + k)] == id) {
-                    which.push_back(r);
-                    w.push_back(weights[size_t(r * n_active + k)]);
+            for (int j = 0; j < n_active; ++j)
+                if (picks[size_t(r * n_active + j)] == needed[k]) {
+                    ex.rows.push_back(r);
+                    ex.w.push_back(weights[size_t(r * n_active + j)]);
                 }
-        auto ew = e.experts.get(layer, id);
+        auto ew = e.experts.get(layer, needed[k]);
         if (!ew) return ew.err();
-        const int64_t m = int64_t(which.size());
-        xs.resize(size_t(m * dim));
-        for (int64_t i = 0; i < m; ++i) std::copy_n(x + which[size_t(i)] * dim, dim, xs.data() + i * dim);
-        g.resize(size_t(m * inter));
-        u.resize(size_t(m * inter));
-        y.resize(size_t(m * dim));
-        e.be.matmul(ew->gate, xs.data(), dim, m, g.data(), inter, true);
-        e.be.matmul(ew->up, xs.data(), dim, m, u.data(), inter, true);
-        e.be.swiglu(g.data(), u.data(), m, inter, float(hp.swiglu_limit), w.data());
-        act_quant(e, act_quant_kind::fp8_e8m0_32, g.data(), m * inter);
-        e.be.matmul(ew->down, g.data(), inter, m, y.data(), dim, true);
-        for (int64_t i = 0; i < m; ++i)
-            for (int64_t d = 0; d < dim; ++d) acc[size_t(which[size_t(i)] * dim + d)] += y[size_t(i * dim + d)];
+        ex.ew = *ew;
+        const int64_t m = int64_t(ex.rows.size());
+        ex.x.resize(size_t(m * dim));
+        for (int64_t i = 0; i < m; ++i) std::copy_n(x + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
     }
-    const int64_t sinter = lw.gate_shexp.rows;
-    g.resize(size_t(n * sinter));
-    u.resize(size_t(n * sinter));
-    y.resize(size_t(n * dim));
-    e.be.matmul(lw.gate_shexp, x, dim, n, g.data(), sinter, true);
-    e.be.matmul(lw.up_shexp, x, dim, n, u.data(), sinter, true);
-    e.be.swiglu(g.data(), u.data(), n, sinter, float(hp.swiglu_limit), nullptr);
-    act_quant(e, act_quant_kind::fp8_e8m0_32, g.data(), n * sinter);
-    e.be.matmul(lw.down_shexp, g.data(), sinter, n, y.data(), dim, true);
+    auto& shared = work.back();
+    shared.ew = {lw.gate_shexp, lw.up_shexp, lw.down_shexp};
+    shared.x.assign(x, x + n * dim);
+    for (int64_t r = 0; r < n; ++r) shared.rows.push_back(r);
+    std::vector<matmul_job> jobs;
+    for (auto& ex : work) {
+        const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
+        ex.g.resize(size_t(m * in));
+        ex.u.resize(size_t(m * in));
+        ex.y.resize(size_t(m * dim));
+        jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
+        jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+    }
+    e.be.matmul_batch(jobs);
+    jobs.clear();
+    for (size_t k = 0; k < work.size(); ++k) {
+        auto& ex = work[k];
+        const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
+        e.be.swiglu(ex.g.data(), ex.u.data(), m, in, float(hp.swiglu_limit), k + 1 < work.size() ? ex.w.data() : nullptr);
+        act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
+        jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
+    }
+    e.be.matmul_batch(jobs);
+    std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
+    for (const auto& ex : work)
+        for (size_t i = 0; i < ex.rows.size(); ++i)
+            for (int64_t d = 0; d < dim; ++d) acc[size_t(ex.rows[i] * dim + d)] += ex.y[i * size_t(dim) + size_t(d)];
     out.resize(size_t(n * dim));
-    for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_bf16(acc[i] + y[i]);
+    for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_bf16(acc[i]);
     return {};
 }
 

@@ -53,8 +53,7 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
             detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
             x_fp8 = xq.data();
         }
-        detail::query(env, lw, x_fp8, rows, freqs, qr, q);
-        detail::window_kv(env, lw, x_fp8, rows, freqs, kv);  // the rows' own keys: never stored
+        detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, kv, nullptr);  // the rows' own keys: never stored
         // Keys: target features of positions max(0, p-W+1)..p, then the 5 rows; no causal mask.
         keys.clear();
         const auto& ring = seq.draft_rings_[size_t(s)];

@@ -33,10 +33,11 @@ struct hc_mix {
                  const vector_view& scale);
 };
 
-// q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer). With act_quant,
-// x must already be the fp8 round trip of the normed input (shared with window_kv).
-void query(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-           std::vector<float>& qr, std::vector<float>& q);
+// q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer) and the window kv
+// rows RoPE(RMSNorm(W_kv · x)) from the same input, their matmuls batched: q_a with kv, then q_b with the
+// indexer's q_b when the layer has one (qi: unrotated, [n, index heads * index_head_dim]).
+void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
+                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi);
 // Window kv rows: RoPE(RMSNorm(W_kv · x)).
 void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
                std::vector<float>& kv);
