@@ -58,9 +58,10 @@ class backend {
 
     // Hyper-connection mixes of §3.3 for n rows of 4 streams (H: [n, hc, dim]); fn [24, hc*dim]
     // (F32 view), base [24], scale [3]. Writes pre [n, hc], post [n, hc], comb [n, hc, hc].
+    // fn_h: fn · H per row when the caller already computed it (batched with other matmuls), else null.
     virtual void hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
                           const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* pre, float* post,
-                          float* comb) = 0;
+                          float* comb, const float* fn_h) = 0;
     // out[r] = bf16(Σ_k p[r][k] H[r][k])
     virtual void hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) = 0;
     // out[r][j] = bf16(post[r][j] f[r] + Σ_i comb[r][i][j] H[r][i]); out may alias H.

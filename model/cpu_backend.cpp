@@ -1,6 +1,7 @@
 #include "model/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -20,27 +21,71 @@ float inv_rms(const float* x, int64_t n, float eps) {
     return 1.0f / std::sqrt(float(s / double(n)) + eps);
 }
 
-double dot(const float* a, const float* b, int64_t n) {
-    // fp32 products summed in fp32 in a fixed order (4 lanes), as a GPU warp or a torch CPU
-    // kernel would: exact reproducibility, not extra precision, is the point here.
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+// The hot loops below are compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time).
+// Their arithmetic is the same lane by lane in every clone (no fp contraction, fixed lane sums),
+// so the clones give identical bits.
+#define MS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+MS_VECTOR_CLONES double dot(const float* a, const float* b, int64_t n) {
+    // fp32 products summed in fp32 over 8 interleaved lanes, then the lanes pairwise: a fixed
+    // order (reproducible) that the compiler turns into vector code on any x86-64.
+    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) lane[k] += a[i + k] * b[i + k];
+    for (; i < n; ++i) lane[0] += a[i] * b[i];
+    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+}
+
+// y += a x
+MS_VECTOR_CLONES void axpy(float a, const float* x, float* y, int64_t n) {
+    for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
+}
+
+// out[j] = bf16(post_j f + Σ_i C[i][j] H_i) for one row (sums in i order).
+MS_VECTOR_CLONES void expand_row(const float* f, const float* Hr, int hc, int64_t dim, const float* post,
+                                 const float* C, float* tmp) {
+    for (int j = 0; j < hc; ++j) {
+        float* t = tmp + j * dim;
+        for (int64_t d = 0; d < dim; ++d) t[d] = 0.0f;
+        for (int i = 0; i < hc; ++i) {
+            const float c = C[i * hc + j];
+            const float* h = Hr + i * dim;
+            for (int64_t d = 0; d < dim; ++d) t[d] += c * h[d];
+        }
+        const float p = post[j];
+        for (int64_t d = 0; d < dim; ++d) t[d] = round_to_bf16(p * f[d] + t[d]);
     }
-    for (; i < n; ++i) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
 }
 
 }  // namespace
 
 cpu_backend::cpu_backend(int threads) : pool_(std::max(1, threads)) {}
 
+// Adds the op's wall time to its slot when profiling; nested ops (hc_mixes' matmul) count in both.
+struct cpu_backend::timer {
+    cpu_backend& be;
+    op_id id;
+    std::chrono::steady_clock::time_point t0;
+    timer(cpu_backend& b, op_id i) : be(b), id(i) {
+        if (be.profiling_) t0 = std::chrono::steady_clock::now();
+    }
+    ~timer() {
+        if (!be.profiling_) return;
+        be.times_[id].calls++;
+        be.times_[id].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+};
+
+std::vector<cpu_backend::op_time> cpu_backend::profile() const { return {std::begin(times_), std::end(times_)}; }
+
+void cpu_backend::reset_profile() {
+    for (auto& t : times_) t.calls = 0, t.seconds = 0;
+}
+
 void cpu_backend::matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y,
                          int64_t y_stride, bool round) {
+    timer t_(*this, k_matmul);
     MS_ASSERT(!w.empty() && n >= 0);
     MS_ASSERT_MSG(w.row_stride == size_t(row_bytes(dtype_info(w.type), w.cols)), "weight rows must be contiguous");
     if (n == 0) return;
@@ -50,6 +95,7 @@ void cpu_backend::matmul(const weight_view& w, const float* x, int64_t x_stride,
 }
 
 void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
+    timer t_(*this, k_matmul_batch);
     // Split every job's output rows into tiles of about 32 KiB of weights and share the tiles
     // out in one parallel step; each tile runs the single-threaded matmul on its rows, which
     // computes every value exactly as the pooled one does.
@@ -77,6 +123,7 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
 
 void cpu_backend::rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                            bool round) {
+    timer t_(*this, k_rms_norm);
     for (int64_t r = 0; r < n; ++r) {
         const float* xr = x + r * dim;
         float* yr = y + r * dim;
@@ -93,6 +140,7 @@ void cpu_backend::round_bf16(float* x, int64_t count) { round_to_bf16(x, count);
 
 void cpu_backend::rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
                        const int64_t* pos, const float* freqs, bool inverse) {
+    timer t_(*this, k_rope);
     const int64_t pairs = rope_dim / 2;
     std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
     for (int64_t r = 0; r < n; ++r) {
@@ -115,11 +163,13 @@ void cpu_backend::rope(float* x, int64_t n, int64_t row_stride, int n_heads, int
 
 void cpu_backend::hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
                            const float* scale, int iters, float hc_eps, float norm_eps, float* pre, float* post,
-                           float* comb) {
+                           float* comb, const float* fn_h) {
+    timer t_(*this, k_hc_mixes);
     const int64_t n_mix = (2 + hc) * hc;
     MS_ASSERT(fn.rows == n_mix && fn.cols == hc * dim && fn.type == ggml_type::f32);
     std::vector<float> mix(static_cast<size_t>(n * n_mix));
-    matmul(fn, H, hc * dim, n, mix.data(), n_mix, false);
+    if (fn_h) std::copy(fn_h, fn_h + n * n_mix, mix.begin());
+    else matmul(fn, H, hc * dim, n, mix.data(), n_mix, false);
     for (int64_t r = 0; r < n; ++r) {
         float* m = mix.data() + r * n_mix;
         const float s = inv_rms(H + r * hc * dim, hc * dim, norm_eps);
@@ -159,6 +209,7 @@ void cpu_backend::hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const
 }
 
 void cpu_backend::hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
+    timer t_(*this, k_hc_collapse);
     for (int64_t r = 0; r < n; ++r)
         for (int64_t d = 0; d < dim; ++d) {
             float s = 0;
@@ -169,22 +220,19 @@ void cpu_backend::hc_collapse(const float* H, int64_t n, int hc, int64_t dim, co
 
 void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                             const float* comb, float* out) {
+    timer t_(*this, k_hc_expand);
+    // Per value: s = Σ_i C[i][j] H_i (i ascending), then post_j f + s; the loops run along dim so
+    // they vectorise, the order of every sum is unchanged.
     std::vector<float> tmp(static_cast<size_t>(hc * dim));
     for (int64_t r = 0; r < n; ++r) {
-        const float* C = comb + r * hc * hc;
-        const float* Hr = H + r * hc * dim;
-        for (int j = 0; j < hc; ++j)
-            for (int64_t d = 0; d < dim; ++d) {
-                float s = 0;
-                for (int i = 0; i < hc; ++i) s += C[i * hc + j] * Hr[i * dim + d];
-                tmp[size_t(j * dim + d)] = round_to_bf16(post[r * hc + j] * f[r * dim + d] + s);
-            }
+        expand_row(f + r * dim, H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc, tmp.data());
         std::copy(tmp.begin(), tmp.end(), out + r * hc * dim);
     }
 }
 
 void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
                             const float* sinks, bool bf16_probs) {
+    timer t_(*this, k_attention);
     const int64_t units = int64_t(rows.size()) * n_heads;
     pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
         std::vector<float> p;
@@ -203,20 +251,21 @@ void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, in
             }
             float denom = std::exp(sinks[h] - m);
             for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
-            for (int64_t i = 0; i < row.n_keys; ++i) {
-                const float wgt = bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)];
-                const float* k = row.keys[i];
-                for (int64_t d = 0; d < head_dim; ++d) o[d] += wgt * k[d];
-            }
+            for (int64_t i = 0; i < row.n_keys; ++i)
+                axpy(bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)], row.keys[i], o, head_dim);
             const float inv = 1.0f / denom;
             for (int64_t d = 0; d < head_dim; ++d) o[d] = round_to_bf16(o[d] * inv);
         }
     });
 }
 
-void cpu_backend::simulate_quant(act_quant_kind kind, float* x, int64_t count) { simulate_act_quant(kind, x, count); }
+void cpu_backend::simulate_quant(act_quant_kind kind, float* x, int64_t count) {
+    timer t_(*this, k_quant);
+    simulate_act_quant(kind, x, count);
+}
 
 void cpu_backend::swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) {
+    timer t_(*this, k_swiglu);
     for (int64_t r = 0; r < n; ++r) {
         const float wr = w ? w[r] : 1.0f;
         for (int64_t i = 0; i < inter; ++i) {
@@ -230,6 +279,7 @@ void cpu_backend::swiglu(float* g, const float* u, int64_t n, int64_t inter, flo
 
 void cpu_backend::indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
                                  const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) {
+    timer t_(*this, k_indexer);
     pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r)
             for (int64_t j = 0; j < n_keys; ++j) {
@@ -249,6 +299,7 @@ void cpu_backend::indexer_scores(const float* q, const float* w, int64_t n, int 
 
 void cpu_backend::engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
                               float norm_eps) {
+    timer t_(*this, k_engram);
     std::vector<float> hn(static_cast<size_t>(dim)), kn(static_cast<size_t>(dim));
     const float inv_sqrt_dim = 1.0f / std::sqrt(float(dim));
     for (int64_t r = 0; r < n; ++r) {

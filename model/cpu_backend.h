@@ -17,6 +17,16 @@ class cpu_backend final : public backend {
     int threads() const override { return pool_.size(); }
     thread_pool& pool() { return pool_; }
 
+    // Optional time accounting per op (bench cpu --profile): off by default, a clock read per op.
+    struct op_time {
+        const char* op;
+        int64_t calls = 0;
+        double seconds = 0;
+    };
+    void set_profiling(bool on) { profiling_ = on; }
+    std::vector<op_time> profile() const;
+    void reset_profile();
+
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
                 bool round_bf16) override;
     void matmul_batch(std::span<const matmul_job> jobs) override;
@@ -27,7 +37,7 @@ class cpu_backend final : public backend {
               const int64_t* pos, const float* freqs, bool inverse) override;
     void hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
                   const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* pre, float* post,
-                  float* comb) override;
+                  float* comb, const float* fn_h) override;
     void hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) override;
     void hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                    const float* comb, float* out) override;
@@ -47,6 +57,13 @@ class cpu_backend final : public backend {
     };
     thread_pool pool_;
     std::vector<tile> tiles_;  // matmul_batch's work list, reused
+    enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
+                 k_swiglu, k_indexer, k_engram, k_quant, k_op_count };
+    struct timer;
+    bool profiling_ = false;
+    op_time times_[k_op_count] = {{"matmul"}, {"matmul_batch"}, {"rms_norm"}, {"rope"}, {"hc_mixes"}, {"hc_collapse"},
+                                  {"hc_expand"}, {"attention"}, {"swiglu"}, {"indexer_scores"}, {"engram_gate"},
+                                  {"act_quant"}};
 };
 
 }  // namespace moestream

@@ -110,6 +110,9 @@ int run(const cli::args& a) {
     const int64_t dense = dense_bytes_per_token(s.files->target);
     double t_decode = 0;
     int64_t expert_bytes = 0, distinct = 0;
+    const bool profile = a.flag("profile");
+    s.backend->set_profiling(profile);
+    s.backend->reset_profile();
     for (int64_t k = 0; k < *n_decode; ++k) {
         const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         experts.reset();
@@ -132,6 +135,18 @@ int run(const cli::args& a) {
                 double(distinct) / double(*n_decode) / double(hp.n_layers));
     std::printf("decode bandwidth: %.2f GB/s = %.0f%% of the measured %.2f GB/s (target >= 50%%)\n", achieved / 1e9,
                 100.0 * achieved / bw, bw / 1e9);
+    if (profile) {
+        // Per decode token; hc_mixes includes its own matmul (also counted under matmul).
+        double ops = 0;
+        std::printf("decode profile (ms per token):\n");
+        for (const auto& t : s.backend->profile()) {
+            if (t.calls == 0) continue;
+            std::printf("  %-16s %8.3f ms  %7.1f calls\n", t.op, 1e3 * t.seconds / double(*n_decode),
+                        double(t.calls) / double(*n_decode));
+            if (std::string_view(t.op) != "hc_mixes") ops += t.seconds;
+        }
+        std::printf("  %-16s %8.3f ms  (model code between ops)\n", "other", 1e3 * (t_decode - ops) / double(*n_decode));
+    }
     return 0;
 }
 
@@ -141,6 +156,7 @@ const std::vector<cli::option_spec>& options() {
         {"prompt-tokens", "N", "prefill length (default 64)"},
         {"decode-tokens", "N", "decode steps (default 16)"},
         {"no-warm", "", "do not page the file in first (measures the disk too)"},
+        {"profile", "", "print where decode time goes, per backend op"},
     });
     return specs;
 }

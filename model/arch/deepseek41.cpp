@@ -213,7 +213,6 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         }
 
         // ---- attention sub-layer ----
-        mixA.compute(env, H, R, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
         be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), x.data());
         be_.rms_norm(x.data(), R, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
         const float* x_fp8 = x.data();  // input of the fp8 linears wq_a and wkv
@@ -223,7 +222,18 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             x_fp8 = xq.data();
         }
         std::vector<float> qi;  // the indexer's query, when this layer is an index source
-        detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, layer_kv[size_t(L)], &qi);
+        std::vector<float> wi;  // the indexer's head weights
+        {
+            // Batched with q_a / kv: this sub-layer's own hc mix (it only serves the expand and
+            // the FFN's collapse) and the indexer's weight projection.
+            std::vector<matmul_job> extra{mixA.job(env, H, R, lw.hc_attn_fn)};
+            if (ratio > 0 && hp.is_index_source(L)) {
+                wi.resize(size_t(R * hp.index_n_heads));
+                extra.push_back({lw.index_proj, x.data(), dim, R, wi.data(), hp.index_n_heads, true});
+            }
+            detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, layer_kv[size_t(L)], &qi, extra);
+        }
+        mixA.compute(env, H, R, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale, true);
         const std::vector<float>& kv = layer_kv[size_t(L)];
         detail::observe(env, "q", L, q.data(), {R, hp.q_dim()});
         detail::observe(env, "kv", L, kv.data(), {R, hd});
@@ -301,11 +311,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         if (ratio > 0 && hp.is_index_source(L)) {
             const int nh = hp.index_n_heads;
             const int64_t ihd = hp.index_head_dim;
-            std::vector<float> wi(static_cast<size_t>(R * nh));
-            MS_ASSERT(int64_t(qi.size()) == R * nh * ihd);
+            MS_ASSERT(int64_t(qi.size()) == R * nh * ihd && int64_t(wi.size()) == R * nh);
             be_.rope(qi.data(), R, nh * ihd, nh, ihd, hp.rope_dim, rows.pos.data(), freqs, false);
             detail::act_quant(env, act_quant_kind::fp4_e8m0_32, qi.data(), int64_t(qi.size()));
-            be_.matmul(lw.index_proj, x.data(), dim, R, wi.data(), nh, true);
             const float wscale = 1.0f / std::sqrt(float(ihd * nh));
             for (auto& v : wi) v = round_to_bf16(v * wscale);
             const bool is_cand_source = L == hp.candidate_source_layer;
@@ -411,14 +419,15 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         be_.hc_expand(a.data(), H.data(), R, hc, dim, mixA.post.data(), mixA.comb.data(), H.data());
 
         // ---- MoE sub-layer: collapsed with the attention's own mix (V4.1 threading) ----
-        mixF.compute(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
         be_.hc_collapse(H.data(), R, hc, dim, mixA.pre.data(), x.data());
         be_.rms_norm(x.data(), R, dim, lw.ffn_norm.data, float(hp.norm_eps), x.data(), true);
-        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f); !st) {
+        const matmul_job mixF_job = mixF.job(env, H, R, lw.hc_ffn_fn);  // batched with the router
+        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}); !st) {
             restore();
             return st;
         }
         detail::observe(env, "ffn_moe_out", L, f.data(), {R, dim});
+        mixF.compute(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, true);
         be_.hc_expand(f.data(), H.data(), R, hc, dim, mixF.post.data(), mixF.comb.data(), H.data());
         p_in = mixF.pre;  // collapses the next layer's attention input
     }

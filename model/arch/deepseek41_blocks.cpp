@@ -11,25 +11,32 @@
 
 namespace moestream::dsv41::detail {
 
+matmul_job hc_mix::job(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn) {
+    fn_h.resize(size_t(n * fn.rows));
+    return {fn, H.data(), e.hp.hc_mult * e.hp.dim, n, fn_h.data(), fn.rows, false};
+}
+
 void hc_mix::compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn,
-                     const vector_view& base, const vector_view& scale) {
+                     const vector_view& base, const vector_view& scale, bool fn_h_ready) {
     const int hc = e.hp.hc_mult;
     pre.resize(size_t(n * hc));
     post.resize(size_t(n * hc));
     comb.resize(size_t(n * hc * hc));
     e.be.hc_mixes(H.data(), n, hc, e.hp.dim, fn, base.data, scale.data, e.hp.hc_sinkhorn_iters, float(e.hp.hc_eps),
-                  float(e.hp.norm_eps), pre.data(), post.data(), comb.data());
+                  float(e.hp.norm_eps), pre.data(), post.data(), comb.data(), fn_h_ready ? fn_h.data() : nullptr);
 }
 
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi) {
+                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi,
+                  std::span<const matmul_job> extra) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
     qr.resize(size_t(n * hp.q_lora_rank));
     q.resize(size_t(n * hp.q_dim()));
     kv.resize(size_t(n * hp.head_dim));
-    const matmul_job first[] = {{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
-                                {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}};
+    std::vector<matmul_job> first{{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
+                                  {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}};
+    first.insert(first.end(), extra.begin(), extra.end());
     e.be.matmul_batch(first);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
     act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
@@ -103,12 +110,31 @@ void top_k(const float* v, int n, int k, int32_t* out) {
 }  // namespace
 
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out) {
+           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra) {
     const auto& hp = e.hp;
     const int64_t n = rows.n(), dim = hp.dim;
-    // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
+    // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip
+    // (the router, fp32, sees x itself).
+    const float* xe = x;
+    std::vector<float> xq;
+    if (e.opts.act_quant) {
+        xq.assign(x, x + n * dim);
+        act_quant(e, act_quant_kind::fp8_e8m0_32, xq.data(), n * dim);
+        xe = xq.data();
+    }
+    // One parallel step: the router, the shared expert's gate/up (they need no routing) and the
+    // caller's extra work.
+    const int64_t sinter = lw.gate_shexp.rows;
     std::vector<float> scores(static_cast<size_t>(n * n_experts)), biased(static_cast<size_t>(n_experts));
-    e.be.matmul(lw.gate_inp, x, dim, n, scores.data(), n_experts, false);
+    std::vector<float> shared_g(static_cast<size_t>(n * sinter)), shared_u(static_cast<size_t>(n * sinter));
+    {
+        std::vector<matmul_job> first{{lw.gate_inp, x, dim, n, scores.data(), n_experts, false},
+                                      {lw.gate_shexp, xe, dim, n, shared_g.data(), sinter, true},
+                                      {lw.up_shexp, xe, dim, n, shared_u.data(), sinter, true}};
+        first.insert(first.end(), extra.begin(), extra.end());
+        e.be.matmul_batch(first);
+    }
+    // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
     std::vector<int32_t> picks(static_cast<size_t>(n * n_active));
     std::vector<float> weights(static_cast<size_t>(n * n_active));
     for (int64_t r = 0; r < n; ++r) {
@@ -132,14 +158,6 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
             weights[size_t(r * n_active + k)] = float(s[p[size_t(k)]] / (sum + 1e-20f) * hp.route_scale);
     }
     observe(e, "router_scores", layer, scores.data(), {n, n_experts});
-
-    // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip.
-    std::vector<float> xq;
-    if (e.opts.act_quant) {
-        xq.assign(x, x + n * dim);
-        act_quant(e, act_quant_kind::fp8_e8m0_32, xq.data(), n * dim);
-        x = xq.data();
-    }
 
     // The union of the rows' experts, announced at once (one read queue for the whole layer).
     std::vector<int32_t> needed(picks);
@@ -170,14 +188,17 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         ex.ew = *ew;
         const int64_t m = int64_t(ex.rows.size());
         ex.x.resize(size_t(m * dim));
-        for (int64_t i = 0; i < m; ++i) std::copy_n(x + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
+        for (int64_t i = 0; i < m; ++i) std::copy_n(xe + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
     }
     auto& shared = work.back();
     shared.ew = {lw.gate_shexp, lw.up_shexp, lw.down_shexp};
-    shared.x.assign(x, x + n * dim);
     for (int64_t r = 0; r < n; ++r) shared.rows.push_back(r);
+    shared.g = std::move(shared_g);  // computed with the router
+    shared.u = std::move(shared_u);
+    shared.y.resize(size_t(n * dim));
     std::vector<matmul_job> jobs;
-    for (auto& ex : work) {
+    for (size_t k = 0; k + 1 < work.size(); ++k) {
+        auto& ex = work[k];
         const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
         ex.g.resize(size_t(m * in));
         ex.u.resize(size_t(m * in));

@@ -28,16 +28,20 @@ struct rows_info {
 
 // Every row's output after the 4-stream hyper-connection bookkeeping of one sub-layer.
 struct hc_mix {
-    std::vector<float> pre, post, comb;
+    std::vector<float> pre, post, comb, fn_h;
+    // The fn · H matmul, for the caller to batch with other work; compute(..., true) then uses it.
+    matmul_job job(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn);
     void compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn, const vector_view& base,
-                 const vector_view& scale);
+                 const vector_view& scale, bool fn_h_ready = false);
 };
 
 // q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer) and the window kv
 // rows RoPE(RMSNorm(W_kv · x)) from the same input, their matmuls batched: q_a with kv, then q_b with the
 // indexer's q_b when the layer has one (qi: unrotated, [n, index heads * index_head_dim]).
+// `extra` matmuls (independent of these) join the first parallel step.
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi);
+                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi,
+                  std::span<const matmul_job> extra = {});
 // Window kv rows: RoPE(RMSNorm(W_kv · x)).
 void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
                std::vector<float>& kv);
@@ -46,8 +50,9 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
                         std::vector<float>& out);
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
+// `extra` matmuls (independent of the MoE) join the router's parallel step.
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out);
+           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {});
 
 // Row `token` of an embedding-like table as floats.
 void embedding_row(const weight_view& table, int32_t token, float* out);
