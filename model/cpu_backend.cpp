@@ -27,14 +27,17 @@ float inv_rms(const float* x, int64_t n, float eps) {
 #define MS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 MS_VECTOR_CLONES double dot(const float* a, const float* b, int64_t n) {
-    // fp32 products summed in fp32 over 8 interleaved lanes, then the lanes pairwise: a fixed
-    // order (reproducible) that the compiler turns into vector code on any x86-64.
-    float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    // fp32 products summed in fp32 over 32 interleaved lanes (four independent vector chains, so
+    // the adds are not latency-bound), then the lanes in a fixed tree: a fixed order
+    // (reproducible) that the compiler turns into vector code on any x86-64.
+    float lane[32] = {};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; ++k) lane[k] += a[i + k] * b[i + k];
-    for (; i < n; ++i) lane[0] += a[i] * b[i];
-    return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 32; ++k) lane[k] += a[i + k] * b[i + k];
+    for (; i < n; ++i) lane[i % 32] += a[i] * b[i];
+    for (int w = 16; w >= 1; w /= 2)
+        for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
+    return lane[0];
 }
 
 // y += a x
