@@ -131,20 +131,11 @@ int run(const cli::args& a) {
     if (!session) return fail(kName, session.message());
     auto& s = **session;
 
-    std::optional<recorded_picks> picks;
-    if (a.has("force-picks")) {
-        auto p = recorded_picks::load(a.get_or("force-picks", ""), s.hp());
-        if (!p) return fail(kName, p.message());
-        if (p->input_ids() != *tokens)
-            return fail(kName, cat("--force-picks records a prompt of ", std::to_string(p->input_ids().size()),
-                                   " tokens that differs from --tokens: the recorded picks only apply to their own prompt"));
-        picks = std::move(*p);
-    }
+    auto checks = read_check_options(a, s.hp(), *tokens);
+    if (auto* e = std::get_if<check_options_error>(&checks)) return e->usage ? usage_error(kName, e->message) : fail(kName, e->message);
+    auto& check = std::get<check_options>(checks);
     recording_observer observer;
-    const std::string act_quant = a.get_or("act-quant", "off");
-    if (act_quant != "off" && act_quant != "reference")
-        return usage_error(kName, "--act-quant must be 'off' or 'reference', got '" + act_quant + "'");
-    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, &observer, act_quant == "reference"});
+    check.apply(s, &observer);
 
     auto seq = s.new_sequence(int64_t(tokens->size()));
     std::vector<float> logits;
@@ -197,7 +188,7 @@ int run(const cli::args& a) {
 
     if (auto st = w.set_metadata("model", cfg->model.path); !st) return fail(kName, st.message());
     if (auto st = w.set_metadata("tokens", join_ids(*tokens)); !st) return fail(kName, st.message());
-    if (auto st = w.set_metadata("picks", picks ? cat("forced from ", a.get_or("force-picks", "")) : std::string("computed")); !st)
+    if (auto st = w.set_metadata("picks", check.picks ? cat("forced from ", check.picks_path) : std::string("computed")); !st)
         return fail(kName, st.message());
     if (auto st = w.set_metadata("ref_compat", a.flag("ref-compat") ? "1" : "0"); !st) return fail(kName, st.message());
 
@@ -207,25 +198,19 @@ int run(const cli::args& a) {
     const std::string path = (fs::path(*out_dir) / kFileName).string();
     if (auto st = w.write(path); !st) return fail(kName, st.message());
     const auto bytes = fs::file_size(path, ec);
-    std::printf("%zu tensors (%lld per-layer nodes over %d layers, %zu tokens), %.2f MiB -> %s%s%s\n", w.size(),
+    std::printf("%zu tensors (%lld per-layer nodes over %d layers, %zu tokens), %.2f MiB -> %s%s\n", w.size(),
                 static_cast<long long>(per_layer), s.hp().n_layers, tokens->size(),
-                ec ? 0.0 : double(bytes) / (1024.0 * 1024.0), path.c_str(), picks ? ", picks forced" : "",
-                a.flag("ref-compat") ? ", reference quirks on" : "");
-    if (picks && picks->unmatched() > 0)
-        std::printf("note: %lld selections had no recorded picks and were computed\n",
-                    static_cast<long long>(picks->unmatched()));
+                ec ? 0.0 : double(bytes) / (1024.0 * 1024.0), path.c_str(), check.summary().c_str());
+    check.print_unmatched();
     return 0;
 }
 
 const std::vector<cli::option_spec>& options() {
-    static const auto specs = with_config_options({
+    static const auto specs = with_check_options({
         {"model", "FILE.gguf", "deepseek41 model file"},
         {"draft", "FILE.gguf", "DSpark draft head (dflash): adds dspark_main_hidden_prefill"},
         {"tokens", "1,2,3", "token ids, prefilled in one forward"},
         {"out", "DIR", "folder to write dump.safetensors into (created if needed)"},
-        {"force-picks", "PROMPT.safetensors", "use a fixture's recorded router/indexer/candidate picks"},
-        {"ref-compat", "", "reproduce the reference's decode quirk (stale ratio-2 index keys, §3.4.6)"},
-        {"act-quant", "MODE", "off (default) or reference: simulate the reference's fp8/fp4 activation round trips (§3.8)"},
     });
     return specs;
 }

@@ -34,19 +34,10 @@ int run(const cli::args& a) {
     if (!session) return fail(kName, session.message());
     auto& s = **session;
 
-    std::optional<recorded_picks> picks;
-    if (a.has("force-picks")) {
-        auto p = recorded_picks::load(a.get_or("force-picks", ""), s.hp());
-        if (!p) return fail(kName, p.message());
-        if (p->input_ids() != *tokens)
-            return fail(kName, "--force-picks records a prompt of " + std::to_string(p->input_ids().size()) +
-                                   " tokens that differs from --tokens: the recorded picks only apply to their own prompt");
-        picks = std::move(*p);
-    }
-    const std::string act_quant = a.get_or("act-quant", "off");
-    if (act_quant != "off" && act_quant != "reference")
-        return usage_error(kName, "--act-quant must be 'off' or 'reference', got '" + act_quant + "'");
-    s.model->set_options({a.flag("ref-compat"), picks ? &*picks : nullptr, nullptr, act_quant == "reference"});
+    auto checks = read_check_options(a, s.hp(), *tokens);
+    if (auto* e = std::get_if<check_options_error>(&checks)) return e->usage ? usage_error(kName, e->message) : fail(kName, e->message);
+    auto& check = std::get<check_options>(checks);
+    check.apply(s);
 
     auto seq = s.new_sequence(int64_t(tokens->size() + decode.size()));
     std::vector<float> all, step;
@@ -64,23 +55,17 @@ int run(const cli::args& a) {
     out.write(reinterpret_cast<const char*>(all.data()), std::streamsize(all.size() * sizeof(float)));
     out.close();
     if (!out) return fail(kName, "cannot write " + *out_path);
-    std::printf("%zu rows x %lld logits (float32, row-major) -> %s in %.3f s%s%s\n", all.size() / size_t(s.hp().vocab),
-                static_cast<long long>(s.hp().vocab), out_path->c_str(), secs, picks ? ", picks forced" : "",
-                a.flag("ref-compat") ? ", reference quirks on" : "");
-    if (picks && picks->unmatched() > 0)
-        std::printf("note: %lld selections had no recorded picks and were computed\n",
-                    static_cast<long long>(picks->unmatched()));
+    std::printf("%zu rows x %lld logits (float32, row-major) -> %s in %.3f s%s\n", all.size() / size_t(s.hp().vocab),
+                static_cast<long long>(s.hp().vocab), out_path->c_str(), secs, check.summary().c_str());
+    check.print_unmatched();
     return 0;
 }
 
 const std::vector<cli::option_spec>& options() {
-    static const auto specs = with_config_options({
+    static const auto specs = with_check_options({
         {"model", "FILE.gguf", "deepseek41 model file"},
         {"tokens", "1,2,3", "prompt token ids, prefilled in one forward"},
         {"decode", "4,5,6", "token ids fed one per single-token step after the prefill"},
-        {"ref-compat", "", "reproduce the reference's decode quirk (stale ratio-2 index keys, §3.4.6)"},
-        {"act-quant", "MODE", "off (default) or reference: simulate the reference's fp8/fp4 activation round trips (§3.8)"},
-        {"force-picks", "PROMPT.safetensors", "use a fixture's recorded router/indexer/candidate picks"},
         {"out", "FILE.f32", "where to write the logits"},
     });
     return specs;

@@ -1,5 +1,7 @@
 #include "tools/model_session.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <thread>
 
 namespace moestream::tools {
@@ -24,6 +26,57 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
                                               s->files->draft ? &*s->files->draft : nullptr, *s->experts,
                                               *s->backend);
     return s;
+}
+
+void check_options::apply(model_session& s, dsv41::tensor_observer* observer) {
+    s.model->set_options({ref_compat, picks ? &*picks : nullptr, observer, act_quant});
+}
+
+std::string check_options::summary() const {
+    std::string out;
+    if (picks) out += ", picks forced";
+    if (ref_compat) out += ", reference quirks on";
+    if (act_quant) out += ", reference activation rounding";
+    return out;
+}
+
+void check_options::print_unmatched() const {
+    if (picks && picks->unmatched() > 0)
+        std::printf("note: %lld selections had no recorded picks and were computed\n",
+                    static_cast<long long>(picks->unmatched()));
+}
+
+std::variant<check_options, check_options_error> read_check_options(const cli::args& a, const dsv41::hparams& hp,
+                                                                    std::span<const int32_t> tokens) {
+    check_options c;
+    c.ref_compat = a.flag("ref-compat");
+    const std::string act = a.get_or("act-quant", "off");
+    if (act != "off" && act != "reference")
+        return check_options_error{true, std::string("--act-quant must be 'off' or 'reference', got '") + act + "'"};
+    c.act_quant = act == "reference";
+    if (a.has("force-picks")) {
+        c.picks_path = a.get_or("force-picks", "");
+        auto p = recorded_picks::load(c.picks_path, hp);
+        if (!p) return check_options_error{false, p.message()};
+        if (!std::equal(p->input_ids().begin(), p->input_ids().end(), tokens.begin(), tokens.end()))
+            return check_options_error{false, std::string("--force-picks records a prompt of ") +
+                                                  std::to_string(p->input_ids().size()) +
+                                                  " tokens that differs from --tokens: the recorded picks only "
+                                                  "apply to their own prompt"};
+        c.picks = std::move(*p);
+    }
+    return c;
+}
+
+std::vector<cli::option_spec> with_check_options(std::initializer_list<cli::option_spec> specs) {
+    auto out = with_config_options(specs);
+    const cli::option_spec checks[] = {
+        {"force-picks", "PROMPT.safetensors", "use a fixture's recorded router/indexer/candidate picks"},
+        {"ref-compat", "", "reproduce the reference's decode quirk (stale ratio-2 index keys, §3.4.6)"},
+        {"act-quant", "MODE", "off (default) or reference: simulate the reference's fp8/fp4 activation round trips (§3.8)"},
+    };
+    out.insert(out.begin() + std::ptrdiff_t(specs.size()), std::begin(checks), std::end(checks));
+    return out;
 }
 
 result<std::vector<int32_t>> parse_token_list(std::string_view flag, std::string_view text) {

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <span>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "model/arch/deepseek41.h"
 #include "model/cpu_backend.h"
 #include "scheduler/model_loader.h"
+#include "scheduler/recorded_picks.h"
 
 namespace moestream::tools {
 
@@ -27,6 +31,31 @@ struct model_session {
 
 // Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`).
 result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft);
+
+// The comparison switches of logits and dump: --force-picks P.safetensors, --ref-compat,
+// --act-quant {off,reference}.
+struct check_options {
+    std::optional<recorded_picks> picks;
+    std::string picks_path;
+    bool ref_compat = false;
+    bool act_quant = false;
+
+    // Installs them (and an optional observer) into the session's model.
+    void apply(model_session& s, dsv41::tensor_observer* observer = nullptr);
+    // ", picks forced, reference quirks on" style suffix for summaries.
+    std::string summary() const;
+    // A note line when some selections had no record (printed to stdout), else nothing.
+    void print_unmatched() const;
+};
+// Errors: .usage for bad flag values (exit 2), otherwise a failure message.
+struct check_options_error {
+    bool usage;
+    std::string message;
+};
+std::variant<check_options, check_options_error> read_check_options(const cli::args& a, const dsv41::hparams& hp,
+                                                                    std::span<const int32_t> tokens);
+// with_config_options plus the three switches above.
+std::vector<cli::option_spec> with_check_options(std::initializer_list<cli::option_spec> specs);
 
 // "1,2,3" -> ids; errors name the flag.
 result<std::vector<int32_t>> parse_token_list(std::string_view flag, std::string_view text);
