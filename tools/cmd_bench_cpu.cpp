@@ -73,7 +73,7 @@ int run(const cli::args& a) {
     auto n_decode = a.get_int("decode-tokens", 16);
     if (!n_prompt || !n_decode) return usage_error(kName, !n_prompt ? n_prompt.message() : n_decode.message());
     if (*n_prompt < 1 || *n_decode < 1) return usage_error(kName, "--prompt-tokens and --decode-tokens must be >= 1");
-    auto session = open_model_session(*cfg, false);
+    auto session = open_model_session(*cfg, false, false);
     if (!session) return fail(kName, session.message());
     auto& s = **session;
     const auto& hp = s.hp();

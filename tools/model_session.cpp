@@ -11,7 +11,7 @@ std::unique_ptr<dsv41::sequence_state> model_session::new_sequence(int64_t token
                                                    model->has_draft());
 }
 
-result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft) {
+result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft, bool stream) {
     if (cfg.model.path.empty()) return make_error("--model is required");
     if (cfg.runtime.backend == "cuda") return make_error("the CUDA backend is not built yet: use --backend cpu");
     auto s = std::make_unique<model_session>();
@@ -22,9 +22,21 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
     if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
     s->backend = std::make_unique<cpu_backend>(threads);
     s->experts = std::make_unique<resident_experts>(*s->files);
+    dsv41::expert_source* source = s->experts.get();
+    if (stream) {
+        constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+        tier_options t;
+        t.device_bytes = uint64_t(cfg.cache.device_cache_gib * kGiB);
+        t.host_bytes = uint64_t(cfg.cache.host_cache_gib * kGiB);
+        t.io.depth = uint32_t(cfg.io.depth);
+        t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
+        auto tiers = tiered_experts::create(*s->files, t);
+        if (!tiers) return tiers.err();
+        s->streamed = std::move(*tiers);
+        source = s->streamed.get();
+    }
     s->model = std::make_unique<dsv41::model>(s->files->hp, s->files->weights,
-                                              s->files->draft ? &*s->files->draft : nullptr, *s->experts,
-                                              *s->backend);
+                                              s->files->draft ? &*s->files->draft : nullptr, *source, *s->backend);
     return s;
 }
 

@@ -15,13 +15,15 @@
 #include "model/cpu_backend.h"
 #include "scheduler/model_loader.h"
 #include "scheduler/recorded_picks.h"
+#include "scheduler/tiered_experts.h"
 
 namespace moestream::tools {
 
 struct model_session {
     std::unique_ptr<loaded_model> files;
     std::unique_ptr<cpu_backend> backend;
-    std::unique_ptr<resident_experts> experts;
+    std::unique_ptr<resident_experts> experts;  // everything in the mapping (bench cpu)
+    std::unique_ptr<tiered_experts> streamed;   // device <- host <- disk tiers (the product path)
     std::unique_ptr<dsv41::model> model;
 
     const dsv41::hparams& hp() const { return files->hp; }
@@ -29,8 +31,11 @@ struct model_session {
     std::unique_ptr<dsv41::sequence_state> new_sequence(int64_t tokens, int64_t rollback = 16) const;
 };
 
-// Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`).
-result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft);
+// Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`). With `stream`, the
+// experts go through the tiers sized by cfg.cache / cfg.io (--device-cache, --host-cache,
+// --io-depth, --io-chunk); otherwise they are read in place from the memory mapping.
+result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft,
+                                                          bool stream = true);
 
 // The comparison switches of logits and dump: --force-picks P.safetensors, --ref-compat,
 // --act-quant {off,reference}.

@@ -80,9 +80,13 @@ class expert_source {
     // The distinct experts (ascending) one forward needs at a layer, announced before any get() of
     // that layer so that every miss can be requested at once.
     virtual void need(int layer, std::span<const int32_t> experts) = 0;
-    // Weights of one announced expert, valid until the next need() of the same layer. May block
-    // until the expert is resident.
+    // Weights of one announced expert, valid until release(). May block until it is resident.
     virtual result<expert_weights> get(int layer, int32_t expert) = 0;
+    // The model is done with an expert it got (a cache may now evict it).
+    virtual void release(int layer, int32_t expert) { (void)layer, (void)expert; }
+    // How many experts the model may hold (got, not yet released) at once; the model works
+    // through a layer's experts in groups of this size.
+    virtual int64_t max_held() const { return INT64_MAX; }
 };
 
 // ---- hooks ---------------------------------------------------------------------------------

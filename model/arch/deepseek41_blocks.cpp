@@ -165,10 +165,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
     e.experts.need(layer, needed);
 
-    // Every expert's rows are gathered, then all gate/up projections (shared expert included) run
-    // as one parallel step and all down projections as another. The sum is taken afterwards in a
-    // fixed order, ascending expert id then the shared expert, whatever order the experts
-    // became resident in.
+    // Every expert's rows are gathered; the experts are taken in groups of what the source lets
+    // the model hold at once (all of them when everything is resident), and each group's gate/up
+    // projections run as one parallel step and its down projections as another. The sum is taken
+    // afterwards in a fixed order, ascending expert id then the shared expert, whatever the
+    // grouping or the order the experts became resident in.
     struct expert_work {
         std::vector<int64_t> rows;
         std::vector<float> w, x, g, u, y;
@@ -183,9 +184,6 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
                     ex.rows.push_back(r);
                     ex.w.push_back(weights[size_t(r * n_active + j)]);
                 }
-        auto ew = e.experts.get(layer, needed[k]);
-        if (!ew) return ew.err();
-        ex.ew = *ew;
         const int64_t m = int64_t(ex.rows.size());
         ex.x.resize(size_t(m * dim));
         for (int64_t i = 0; i < m; ++i) std::copy_n(xe + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
@@ -196,26 +194,40 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     shared.g = std::move(shared_g);  // computed with the router
     shared.u = std::move(shared_u);
     shared.y.resize(size_t(n * dim));
+    const size_t group = size_t(std::max<int64_t>(1, std::min<int64_t>(e.experts.max_held(), int64_t(needed.size()) + 1)));
     std::vector<matmul_job> jobs;
-    for (size_t k = 0; k + 1 < work.size(); ++k) {
-        auto& ex = work[k];
-        const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
-        ex.g.resize(size_t(m * in));
-        ex.u.resize(size_t(m * in));
-        ex.y.resize(size_t(m * dim));
-        jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
-        jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+    for (size_t first = 0; first < work.size(); first += group) {
+        const size_t last = std::min(work.size(), first + group);
+        jobs.clear();
+        for (size_t k = first; k < last; ++k) {
+            auto& ex = work[k];
+            if (k + 1 == work.size()) continue;  // the shared expert's gate/up are done
+            auto ew = e.experts.get(layer, needed[k]);
+            if (!ew) {
+                for (size_t j = first; j < k; ++j) e.experts.release(layer, needed[j]);
+                return ew.err();
+            }
+            ex.ew = *ew;
+            const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
+            ex.g.resize(size_t(m * in));
+            ex.u.resize(size_t(m * in));
+            ex.y.resize(size_t(m * dim));
+            jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
+            jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+        }
+        e.be.matmul_batch(jobs);
+        jobs.clear();
+        for (size_t k = first; k < last; ++k) {
+            auto& ex = work[k];
+            const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
+            e.be.swiglu(ex.g.data(), ex.u.data(), m, in, float(hp.swiglu_limit), k + 1 < work.size() ? ex.w.data() : nullptr);
+            act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
+            jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
+        }
+        e.be.matmul_batch(jobs);
+        for (size_t k = first; k < last; ++k)
+            if (k + 1 < work.size()) e.experts.release(layer, needed[k]);
     }
-    e.be.matmul_batch(jobs);
-    jobs.clear();
-    for (size_t k = 0; k < work.size(); ++k) {
-        auto& ex = work[k];
-        const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
-        e.be.swiglu(ex.g.data(), ex.u.data(), m, in, float(hp.swiglu_limit), k + 1 < work.size() ? ex.w.data() : nullptr);
-        act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
-        jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
-    }
-    e.be.matmul_batch(jobs);
     std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
     for (const auto& ex : work)
         for (size_t i = 0; i < ex.rows.size(); ++i)

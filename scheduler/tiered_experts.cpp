@@ -1,0 +1,315 @@
+#include "scheduler/tiered_experts.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace moestream {
+namespace {
+
+using storage::expert_key;
+using storage::make_expert_key;
+
+constexpr uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t make_tag(int layer, int32_t expert, int p) {
+    return uint64_t(layer) << 34 | uint64_t(uint32_t(expert)) << 2 | uint64_t(p);
+}
+
+}  // namespace
+
+tiered_experts::tiered_experts(const loaded_model& m, tier_options opts) : m_(m), opts_(std::move(opts)) {}
+
+tiered_experts::~tiered_experts() {
+    reader_.reset();  // every in-flight read completes (or is cancelled) before the tiers go
+}
+
+const tiered_experts::layout& tiered_experts::layout_of(int layer, int32_t expert) const {
+    MS_ASSERT(layer >= 0 && expert >= 0 && expert < max_experts_);
+    const size_t i = size_t(layer) * size_t(max_experts_) + size_t(expert);
+    MS_ASSERT(i < layouts_.size());
+    return layouts_[i];
+}
+
+result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_model& m, tier_options opts) {
+    std::unique_ptr<tiered_experts> t(new tiered_experts(m, opts));
+    const auto& hp = m.hp;
+    const int layers = hp.n_layers + (m.draft_file ? hp.n_mtp : 0);
+    t->max_experts_ = std::max(hp.n_experts, m.draft_file ? hp.dspark_n_experts : 0);
+    t->layouts_.resize(size_t(layers) * size_t(t->max_experts_));
+    std::vector<std::string> paths;
+    for (size_t s = 0; s < m.target.shard_count(); ++s) paths.push_back(m.target.shard_path(uint32_t(s)));
+    const uint32_t draft_file_index = uint32_t(paths.size());
+    if (m.draft_file) paths.push_back(m.draft_file->shard_path(0));
+
+    uint64_t part_max[3] = {};
+    static const char* kParts[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    for (int L = 0; L < layers; ++L) {
+        const bool draft = L >= hp.n_layers;
+        const gguf::model_file& f = draft ? *m.draft_file : m.target;
+        const std::string prefix = "blk." + std::to_string(draft ? L - hp.n_layers : L) + ".";
+        const int n_exp = draft ? hp.dspark_n_experts : hp.n_experts;
+        for (int p = 0; p < 3; ++p) {
+            const auto* ti = f.tensor(prefix + kParts[p]);
+            if (!ti) return make_error(f.shard_path(0) + ": tensor '" + prefix + kParts[p] + "' is missing");
+            for (int e = 0; e < n_exp; ++e) {
+                const auto ext = f.expert_slice(*ti, e);
+                part& pt = t->layouts_[size_t(L) * size_t(t->max_experts_) + size_t(e)].parts[p];
+                pt.where.file = draft ? draft_file_index : ext.shard;
+                pt.where.offset = ext.offset;
+                pt.where.bytes = ext.bytes;
+                pt.type = ti->type;
+                pt.cols = ti->ne[0];
+                pt.rows = ti->ne[1];
+                part_max[p] = std::max(part_max[p], ext.bytes);
+            }
+        }
+    }
+    for (int p = 0; p < 3; ++p) {
+        t->host_part_[p] = t->host_slot_bytes_;
+        t->host_slot_bytes_ += round_up(part_max[p] + io::kReadAlign, io::kReadAlign);  // staging window
+        t->device_part_[p] = t->device_slot_bytes_;
+        t->device_slot_bytes_ += round_up(part_max[p], 64);
+    }
+    t->host_slots_ = uint32_t(opts.host_bytes / t->host_slot_bytes_);
+    t->device_slots_ = uint32_t(opts.device_bytes / t->device_slot_bytes_);
+    auto mib = [](uint64_t b) { return std::to_string(double(b) / (1 << 20)).substr(0, 6) + " MiB"; };
+    if (t->host_slots_ == 0)
+        return make_error("--host-cache is too small: one expert needs " + mib(t->host_slot_bytes_) +
+                          " of host memory (with its read alignment)");
+    if (opts.device_bytes > 0 && t->device_slots_ == 0)
+        return make_error("--device-cache is too small: one expert needs " + mib(t->device_slot_bytes_) +
+                          " (use 0 to compute from the host tier)");
+    t->max_held_ = t->device_slots_ > 0 ? t->device_slots_ : t->host_slots_;
+
+    auto host = io::aligned_buffer::allocate(size_t(t->host_slots_) * t->host_slot_bytes_, {opts.lock_host, true});
+    if (!host) return make_error("host tier: " + host.message());
+    t->host_buf_ = std::move(*host);
+    if (t->device_slots_ > 0) {
+        auto dev = io::aligned_buffer::allocate(size_t(t->device_slots_) * t->device_slot_bytes_, {false, true});
+        if (!dev) return make_error("device tier: " + dev.message());
+        t->device_buf_ = std::move(*dev);
+    }
+    auto policy = [&]() { return storage::make_policy(opts.policy); };
+    auto hp_pol = policy();
+    if (!hp_pol) return hp_pol.err();
+    t->host_ = std::make_unique<storage::expert_cache>(t->host_slots_, std::move(*hp_pol));
+    if (t->device_slots_ > 0) {
+        auto dp = policy();
+        if (!dp) return dp.err();
+        t->device_ = std::make_unique<storage::expert_cache>(t->device_slots_, std::move(*dp));
+    }
+    tiered_experts* self = t.get();
+    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) { self->on_read(tag, st); });
+    if (!reader) return reader.err();
+    t->reader_ = std::move(*reader);
+    const std::span<std::byte> regions[] = {t->host_buf_.span()};
+    (void)t->reader_->register_buffers(regions);  // plain reads when refused: slower, same bytes
+    return t;
+}
+
+dsv41::expert_weights tiered_experts::views(const layout& l, const std::byte* base, bool host) const {
+    weight_view v[3];
+    for (int p = 0; p < 3; ++p) {
+        const part& pt = l.parts[p];
+        const std::byte* ptr = host ? base + host_part_[p] + pt.where.offset % io::kReadAlign : base + device_part_[p];
+        v[p] = weight_view::contiguous(ptr, pt.type, pt.cols, pt.rows);
+    }
+    return {v[0], v[1], v[2]};
+}
+
+bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& batch) {
+    auto grant = host_->begin_load(key);
+    if (!grant) return false;  // every host slot pinned or loading: later
+    const int layer = int(storage::key_layer(key));
+    const int32_t expert = int32_t(storage::key_expert(key));
+    const layout& l = layout_of(layer, expert);
+    loading_[key] = load_state{3, false, {}};
+    for (int p = 0; p < 3; ++p) {
+        io::read_request r = l.parts[p].where;
+        r.dst = host_slot(grant->slot) + host_part_[p];
+        r.tag = make_tag(layer, expert, p);
+        batch.push_back(r);
+    }
+    return true;
+}
+
+void tiered_experts::need(int layer, std::span<const int32_t> experts) {
+    std::vector<io::read_request> batch;
+    {
+        std::lock_guard lock(mu_);
+        ++step_;
+        // Pins of the previous need() that no get() took over (a forward that stopped early).
+        for (expert_key k : need_pins_)
+            if (host_->pins(k) > 0) host_->unpin(k);
+        need_pins_.clear();
+        // Needed experts already in the host tier are pinned first, so the reads started below
+        // (and device demotions) evict something else.
+        for (int32_t e : experts) {
+            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
+            if (host_->lookup(key).state != storage::residency::absent) {
+                host_->pin(key);
+                need_pins_.push_back(key);
+            }
+        }
+        for (int32_t e : experts) {
+            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
+            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
+            if (host_->lookup(key).state != storage::residency::absent) continue;  // resident or joined
+            if (!start_read(key, batch)) break;  // the rest are read on demand, as slots free
+            host_->pin(key);
+            need_pins_.push_back(key);
+        }
+    }
+    if (!batch.empty()) reader_->submit(batch);  // every chunk of every miss at once
+}
+
+void tiered_experts::on_read(uint64_t tag, const status& st) {
+    const int layer = int(tag >> 34);
+    const int32_t expert = int32_t((tag >> 2) & 0xffffffffu);
+    const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    {
+        std::lock_guard lock(mu_);
+        auto it = loading_.find(key);
+        MS_ASSERT_MSG(it != loading_.end(), "read completion for an expert that is not loading");
+        load_state& ls = it->second;
+        if (!st.ok() && !ls.failed) {
+            ls.failed = true;
+            ls.error = st.message();
+        }
+        if (--ls.parts_left > 0) return;
+        host_->finish_load(key, !ls.failed);
+        if (ls.failed) {
+            ++counters_.read_errors;
+            failed_[key] = ls.error;
+        } else {
+            ++counters_.disk_reads;
+            const layout& l = layout_of(layer, expert);
+            for (const auto& p : l.parts) counters_.disk_bytes += p.where.bytes;
+        }
+        loading_.erase(it);
+    }
+    changed_.notify_all();
+}
+
+void tiered_experts::copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) {
+    for (int p = 0; p < 3; ++p) {
+        const part& pt = l.parts[p];
+        const uint64_t skew = pt.where.offset % io::kReadAlign;
+        const std::byte* src = from + (from_host ? host_part_[p] + skew : device_part_[p]);
+        std::byte* dst = to + (to_host ? host_part_[p] + skew : device_part_[p]);
+        std::memcpy(dst, src, pt.where.bytes);
+    }
+}
+
+bool tiered_experts::promote(expert_key key) {
+    auto grant = device_->begin_load(key);
+    if (!grant) return false;  // every device slot held: wait for a release
+    const auto hs = host_->lookup(key);
+    MS_ASSERT(hs.state == storage::residency::resident);
+    const int layer = int(storage::key_layer(key));
+    const int32_t expert = int32_t(storage::key_expert(key));
+    const layout& l = layout_of(layer, expert);
+    uint64_t payload = 0;
+    for (const auto& p : l.parts) payload += p.where.bytes;
+    // Exclusive tiers: the device victim moves down into the host tier (no disk read next time),
+    // when the host has room for it; otherwise it is dropped (it is still on disk).
+    if (grant->evicted) {
+        const expert_key v = *grant->evicted;
+        const layout& vl = layout_of(int(storage::key_layer(v)), int32_t(storage::key_expert(v)));
+        auto hg = host_->begin_load(v);
+        if (hg) {
+            copy_parts(vl, device_slot(grant->slot), false, host_slot(hg->slot), true);
+            host_->finish_load(v, true);
+            for (const auto& p : vl.parts) counters_.demoted_bytes += p.where.bytes;
+        }
+    }
+    // begin_load above may have evicted host slots, never `key`'s: it is pinned there.
+    const auto hs2 = host_->lookup(key);
+    copy_parts(l, host_slot(hs2.slot), true, device_slot(grant->slot), false);
+    device_->finish_load(key, true);
+    counters_.promoted_bytes += payload;
+    host_->unpin(key);
+    (void)host_->erase(key);
+    return true;
+}
+
+result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
+    const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    const layout& l = layout_of(layer, expert);
+    std::unique_lock lock(mu_);
+    ++counters_.demands;
+    bool counted = false, waited = false;
+    auto note = [&](uint64_t& c) {
+        if (!counted) ++c, counted = true;
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    auto finish = [&](dsv41::expert_weights w) -> result<dsv41::expert_weights> {
+        if (waited) counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return w;
+    };
+    for (;;) {
+        if (device_) {
+            const auto d = device_->lookup(key);
+            if (d.state == storage::residency::resident) {
+                note(counters_.device_hits);
+                device_->touch(key, step_);
+                device_->pin(key);
+                return finish(views(l, device_slot(d.slot), false));
+            }
+        }
+        const auto h = host_->lookup(key);
+        if (h.state == storage::residency::resident) {
+            note(counters_.host_hits);
+            host_->touch(key, step_);
+            // Take over need()'s pin when there is one, else pin now.
+            if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end())
+                need_pins_.erase(it);
+            else
+                host_->pin(key);
+            if (!device_) return finish(views(l, host_slot(h.slot), true));
+            if (promote(key)) {
+                device_->pin(key);
+                device_->touch(key, step_);
+                return finish(views(l, device_slot(device_->lookup(key).slot), false));
+            }
+            host_->unpin(key);
+        } else if (h.state == storage::residency::loading) {
+            if (!counted) ++counters_.joins;
+            counted = true;
+        } else {
+            if (auto f = failed_.find(key); f != failed_.end()) {
+                std::string msg = f->second;
+                failed_.erase(f);
+                return make_error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                                  " could not be read: " + msg);
+            }
+            std::vector<io::read_request> batch;
+            if (start_read(key, batch)) {
+                lock.unlock();
+                reader_->submit(batch);
+                lock.lock();
+                continue;
+            }
+        }
+        waited = true;
+        changed_.wait(lock);
+    }
+}
+
+void tiered_experts::release(int layer, int32_t expert) {
+    const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    {
+        std::lock_guard lock(mu_);
+        if (device_) device_->unpin(key);
+        else host_->unpin(key);
+    }
+    changed_.notify_all();
+}
+
+tier_counters tiered_experts::counters() const {
+    std::lock_guard lock(mu_);
+    return counters_;
+}
+
+}  // namespace moestream

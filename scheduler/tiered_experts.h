@@ -1,0 +1,127 @@
+// Routed experts through two memory tiers fed by io_uring: a "device" tier (VRAM on the CUDA
+// backend; on the CPU backend a RAM region with the same budget and semantics) and a host tier
+// (page-aligned, optionally locked RAM slots), exclusive of each other (an expert lives in at
+// most one of them), over the model file(s) on disk.
+//
+// Protocol (dsv41::expert_source): need(layer, ids) is the router's answer for a layer; every
+// miss is submitted at once (all chunks of all of them), so the disk queue is deep from the
+// start; a miss already loading is joined, never read twice. get() returns an expert once it is
+// resident, promoting it from host to device (the device victim moves down into the host slot
+// the promoted expert leaves). release() unpins it. The model holds at most max_held() experts.
+//
+// Results do not depend on any of this: the bytes computed from are the file's bytes wherever
+// they sit, and the model's accumulation order is fixed (ascending expert id).
+//
+// Thread safety: need/get/release come from the compute thread; read completions arrive on the
+// reader's thread; one mutex guards the tier state (this is the part the coroutine scheduler's
+// strand takes over).
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "scheduler/model_loader.h"
+#include "storage/aligned_buffer.h"
+#include "storage/expert_cache.h"
+#include "storage/io_uring_reader.h"
+
+namespace moestream {
+
+struct tier_options {
+    uint64_t device_bytes = 0;  // 0: no device tier (compute reads the host slots)
+    uint64_t host_bytes = 0;    // at least one expert
+    io::reader_options io;
+    std::string policy = "lru";
+    bool lock_host = false;     // mlock the host tier (pinned memory)
+};
+
+struct tier_counters {
+    uint64_t demands = 0;        // get() calls
+    uint64_t device_hits = 0;
+    uint64_t host_hits = 0;      // found in the host tier (promoted)
+    uint64_t joins = 0;          // demanded while already loading
+    uint64_t disk_reads = 0;     // experts read from disk
+    uint64_t disk_bytes = 0;
+    uint64_t promoted_bytes = 0; // host -> device copies
+    uint64_t demoted_bytes = 0;  // device -> host copies of evicted experts
+    uint64_t read_errors = 0;
+    double wait_seconds = 0;     // compute thread blocked in get()
+};
+
+class tiered_experts final : public dsv41::expert_source {
+  public:
+    static result<std::unique_ptr<tiered_experts>> create(const loaded_model& m, tier_options opts);
+    ~tiered_experts() override;
+
+    void need(int layer, std::span<const int32_t> experts) override;
+    result<dsv41::expert_weights> get(int layer, int32_t expert) override;
+    void release(int layer, int32_t expert) override;
+    int64_t max_held() const override { return max_held_; }
+
+    tier_counters counters() const;
+    io::reader_stats io_stats() const { return reader_->stats(); }
+    uint32_t device_slots() const { return device_slots_; }
+    uint32_t host_slots() const { return host_slots_; }
+    std::string notes() const { return reader_->notes(); }
+
+  private:
+    struct part {  // one of gate / up / down of an expert
+        io::read_request where;  // file, offset, bytes (dst and tag filled per read)
+        ggml_type type;
+        int64_t cols, rows;
+    };
+    struct layout {
+        part parts[3];
+    };
+    struct load_state {
+        int parts_left = 0;
+        bool failed = false;
+        std::string error;
+    };
+
+    tiered_experts(const loaded_model& m, tier_options opts);
+    const layout& layout_of(int layer, int32_t expert) const;
+    // Under the lock: starts the disk read of `key` into a host slot (returns false when no host
+    // slot can be had now).
+    bool start_read(storage::expert_key key, std::vector<io::read_request>& batch);
+    dsv41::expert_weights views(const layout& l, const std::byte* base, bool host) const;
+    std::byte* host_slot(storage::slot_id s) const { return host_buf_.data() + size_t(s) * host_slot_bytes_; }
+    std::byte* device_slot(storage::slot_id s) const { return device_buf_.data() + size_t(s) * device_slot_bytes_; }
+    void on_read(uint64_t tag, const status& st);
+    // Under the lock: host -> device (the device victim moves down); false when no device slot
+    // can be had now.
+    bool promote(storage::expert_key key);
+    void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host);
+
+    const loaded_model& m_;
+    tier_options opts_;
+    std::vector<layout> layouts_;  // [(n_layers + n_mtp) * max experts]
+    int max_experts_ = 0;
+    uint64_t host_slot_bytes_ = 0, device_slot_bytes_ = 0;
+    // Where part p starts in a slot: host slots keep each part in the reader's staging window
+    // (its bytes at offset % 4096, so O_DIRECT reads land in place); device slots pack them.
+    uint64_t host_part_[3] = {}, device_part_[3] = {};
+    uint32_t host_slots_ = 0, device_slots_ = 0;
+    int64_t max_held_ = 1;
+    io::aligned_buffer host_buf_, device_buf_;
+    std::unique_ptr<io::uring_reader> reader_;
+
+    mutable std::mutex mu_;
+    std::condition_variable changed_;
+    std::unique_ptr<storage::expert_cache> host_, device_;
+    std::map<storage::expert_key, load_state> loading_;
+    std::map<storage::expert_key, std::string> failed_;  // read errors not yet reported to a get()
+    // Host pins taken by need() for experts the model is about to get (so a demotion or another
+    // read cannot evict them first); get() takes them over.
+    std::vector<storage::expert_key> need_pins_;
+    uint64_t step_ = 0;
+    tier_counters counters_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,135 @@
+// Experts through the tiers (device <- host <- io_uring disk reads) give exactly the bits of the
+// resident model, whatever the budgets, queue depth, chunk size or thread count.
+#include <boost/test/unit_test.hpp>
+#include <cstring>
+
+#include "../common/test_support.h"
+#include "fixture_model.h"
+#include "scheduler/tiered_experts.h"
+
+namespace moestream::test {
+namespace {
+
+const char* kFx = "dsv41-tiny-bf16";
+
+std::vector<int32_t> prompt40() {
+    const auto ids = read_i64(fixture_path(kFx) + "/prompt_len40.safetensors", "input_ids");
+    return {ids.begin(), ids.end()};
+}
+
+// Prefill of 40 tokens, 4 decode steps and one DSpark draft, every logit concatenated.
+std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend& be) {
+    dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, experts, be);
+    auto seq = m.sequence();
+    const auto tokens = prompt40();
+    std::vector<float> all, part;
+    dsv41::forward_item item{seq.get(), tokens, true};
+    BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, all).ok());
+    for (int32_t t : {5, 77, 300, 12}) {
+        dsv41::forward_item step{seq.get(), {&t, 1}, true};
+        BOOST_TEST_REQUIRE(mdl.forward({&step, 1}, part).ok());
+        all.insert(all.end(), part.begin(), part.end());
+    }
+    dsv41::draft_output d;
+    BOOST_TEST_REQUIRE(mdl.draft(*seq, 9, d).ok());
+    all.insert(all.end(), d.logits.begin(), d.logits.end());
+    return all;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_experts, double host_experts,
+                                              uint32_t depth, uint64_t chunk) {
+    // Slot sizes in bytes, from a probe with a generous budget.
+    auto probe = tiered_experts::create(*m.files, {1 << 26, 1 << 26, {}, "lru", false});
+    if (!probe) return probe.err();
+    const uint64_t dev_slot = (uint64_t(1) << 26) / (*probe)->device_slots();
+    const uint64_t host_slot = (uint64_t(1) << 26) / (*probe)->host_slots();
+    tier_options o;
+    o.device_bytes = uint64_t(device_experts * double(dev_slot));
+    o.host_bytes = uint64_t(host_experts * double(host_slot));
+    o.io.depth = depth;
+    o.io.chunk_bytes = chunk;
+    return tiered_experts::create(*m.files, o);
+}
+
+auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(streaming)
+
+BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
+    auto& m = fixture(kFx);
+    const auto reference = run(m, *m.experts, *m.backend);
+    struct config {
+        double device, host;
+        uint32_t depth;
+        uint64_t chunk;
+        int threads;
+    };
+    // From "one expert in each tier" (every expert read again and again) to everything fits.
+    for (const config c : {config{1, 1, 1, 4096, 1}, config{2, 3, 2, 4096, 2}, config{6, 2, 64, 8192, 3},
+                           config{0, 7, 4, 4096, 2}, config{0, 1, 8, 1 << 20, 1}, config{64, 8, 16, 1 << 20, 2},
+                           config{2000, 2000, 64, 1 << 20, 2}}) {
+        auto t = tiers(m, c.device, c.host, c.depth, c.chunk);
+        if (!t) {
+            if (t.message().rfind("io_uring unavailable", 0) == 0) {
+                BOOST_TEST_MESSAGE("skipped: " << t.message());
+                return;
+            }
+            BOOST_FAIL(t.message());
+        }
+        cpu_backend be(c.threads);
+        const auto got = run(m, **t, be);
+        const auto k = (*t)->counters();
+        const auto io = (*t)->io_stats();
+        BOOST_TEST_MESSAGE("device " << (*t)->device_slots() << " host " << (*t)->host_slots() << " depth " << c.depth
+                                     << " chunk " << c.chunk << ": demands " << k.demands << ", device hits "
+                                     << k.device_hits << ", host hits " << k.host_hits << ", joins " << k.joins
+                                     << ", disk reads " << k.disk_reads << " (" << k.disk_bytes << " B), max in flight "
+                                     << io.max_in_flight);
+        BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth);
+        BOOST_TEST(k.read_errors == 0u);
+        BOOST_TEST(io.max_in_flight <= c.depth);
+        BOOST_TEST(k.device_hits + k.host_hits + k.disk_reads >= k.demands - k.joins);
+        BOOST_TEST(k.disk_reads <= k.demands);  // a needed expert is never evicted before its use
+    }
+}
+
+// With room for every expert, a second pass over the same prompt reads nothing from disk, and no
+// expert is ever read twice.
+BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
+    auto& m = fixture(kFx);
+    auto t = tiers(m, 0, 5000, 64, 1 << 20);
+    if (!t) {
+        BOOST_TEST_MESSAGE("skipped: " << t.message());
+        return;
+    }
+    run(m, **t, *m.backend);
+    const auto first = (*t)->counters();
+    run(m, **t, *m.backend);
+    const auto second = (*t)->counters();
+    BOOST_TEST(first.disk_reads > 0u);
+    BOOST_TEST(second.disk_reads == first.disk_reads);
+    // Distinct experts touched <= 10 layers * 64 + 3 stages * 16.
+    BOOST_TEST(first.disk_reads <= uint64_t(10 * 64 + 3 * 16));
+}
+
+BOOST_AUTO_TEST_CASE(budgets_too_small_are_named, *needs()) {
+    auto& m = fixture(kFx);
+    auto t = tiered_experts::create(*m.files, {0, 100, {}, "lru", false});
+    BOOST_TEST_REQUIRE(!t.ok());
+    BOOST_TEST(t.message().find("--host-cache is too small") != std::string::npos);
+    auto d = tiered_experts::create(*m.files, {100, 1 << 24, {}, "lru", false});
+    BOOST_TEST_REQUIRE(!d.ok());
+    BOOST_TEST(d.message().find("--device-cache is too small") != std::string::npos);
+    auto p = tiered_experts::create(*m.files, {0, 1 << 24, {}, "fifo", false});
+    BOOST_TEST(!p.ok());
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace moestream::test
