@@ -292,6 +292,7 @@ int run(const cli::args& a) {
         std::fprintf(stderr, " | draft: %.2f of %d drafts accepted per step (%zu steps)",
                      tally.mean_accepted(generated), s.hp().dspark_block_size, tally.drafts.size());
     std::fprintf(stderr, "\n");
+    s.print_streaming_stats();
     return 0;
 }
 

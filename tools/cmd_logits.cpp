@@ -58,6 +58,7 @@ int run(const cli::args& a) {
     std::printf("%zu rows x %lld logits (float32, row-major) -> %s in %.3f s%s\n", all.size() / size_t(s.hp().vocab),
                 static_cast<long long>(s.hp().vocab), out_path->c_str(), secs, check.summary().c_str());
     check.print_unmatched();
+    s.print_streaming_stats();
     return 0;
 }
 

@@ -11,6 +11,21 @@ std::unique_ptr<dsv41::sequence_state> model_session::new_sequence(int64_t token
                                                    model->has_draft());
 }
 
+void model_session::print_streaming_stats() const {
+    if (!streamed) return;
+    const auto k = streamed->counters();
+    const auto io = streamed->io_stats();
+    std::fprintf(stderr,
+                 "experts: %llu demands, %llu device hits, %llu host hits, %llu joined in flight, %llu read from disk "
+                 "(%.1f MB, %.2f GB/s while busy, %.1f reads in flight on average, max %u), %.3f s waited; tiers: "
+                 "%u device slots, %u host slots%s%s\n",
+                 static_cast<unsigned long long>(k.demands), static_cast<unsigned long long>(k.device_hits),
+                 static_cast<unsigned long long>(k.host_hits), static_cast<unsigned long long>(k.joins),
+                 static_cast<unsigned long long>(k.disk_reads), double(k.disk_bytes) / 1e6, io.bandwidth() / 1e9,
+                 io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, streamed->device_slots(),
+                 streamed->host_slots(), streamed->notes().empty() ? "" : "; ", streamed->notes().c_str());
+}
+
 result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft, bool stream) {
     if (cfg.model.path.empty()) return make_error("--model is required");
     if (cfg.runtime.backend == "cuda") return make_error("the CUDA backend is not built yet: use --backend cpu");

@@ -27,6 +27,8 @@ struct model_session {
     std::unique_ptr<dsv41::model> model;
 
     const dsv41::hparams& hp() const { return files->hp; }
+    // One line of expert-tier accounting (to stderr), when the experts are streamed.
+    void print_streaming_stats() const;
     // A fresh sequence with room for `tokens` positions.
     std::unique_ptr<dsv41::sequence_state> new_sequence(int64_t tokens, int64_t rollback = 16) const;
 };
