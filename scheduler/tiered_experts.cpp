@@ -1,6 +1,10 @@
 #include "scheduler/tiered_experts.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -22,6 +26,7 @@ tiered_experts::tiered_experts(const loaded_model& m, tier_options opts) : m_(m)
 
 tiered_experts::~tiered_experts() {
     reader_.reset();  // every in-flight read completes (or is cancelled) before the tiers go
+    for (int fd : remap_fds_) ::close(fd);
 }
 
 const tiered_experts::layout& tiered_experts::layout_of(int layer, int32_t expert) const {
@@ -105,6 +110,14 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
     t->reader_ = std::move(*reader);
     const std::span<std::byte> regions[] = {t->host_buf_.span()};
     (void)t->reader_->register_buffers(regions);  // plain reads when refused: slower, same bytes
+    if (opts.remap_sync) {
+        for (const auto& p : paths) {
+            const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) return make_error(p + ": " + std::strerror(errno));
+            t->remap_fds_.push_back(fd);
+        }
+        t->remap_pool_ = std::make_unique<thread_pool>(std::max(1, opts.remap_threads));
+    }
     return t;
 }
 
@@ -161,7 +174,31 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
             need_pins_.push_back(key);
         }
     }
-    if (!batch.empty()) reader_->submit(batch);  // every chunk of every miss at once
+    if (batch.empty()) return;
+    if (opts_.remap_sync) remap_sync_reads(batch);
+    else reader_->submit(batch);  // every chunk of every miss at once
+}
+
+void tiered_experts::remap_sync_reads(const std::vector<io::read_request>& batch) {
+    std::vector<status> outcome(batch.size());
+    remap_pool_->parallel_for(int64_t(batch.size()), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const auto& r = batch[size_t(i)];
+            std::byte* dst = io::uring_reader::data_pointer(r.dst, r.offset);
+            uint64_t done = 0;
+            while (done < r.bytes) {
+                const ssize_t n = ::pread(remap_fds_[r.file], dst + done, r.bytes - done, off_t(r.offset + done));
+                if (n < 0 && errno == EINTR) continue;
+                if (n <= 0) {
+                    outcome[size_t(i)] = make_error("pread at offset " + std::to_string(r.offset + done) + ": " +
+                                                    (n == 0 ? std::string("end of file") : std::strerror(errno)));
+                    break;
+                }
+                done += uint64_t(n);
+            }
+        }
+    });
+    for (size_t i = 0; i < batch.size(); ++i) on_read(batch[i].tag, outcome[i]);
 }
 
 void tiered_experts::on_read(uint64_t tag, const status& st) {
@@ -287,7 +324,8 @@ result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
             std::vector<io::read_request> batch;
             if (start_read(key, batch)) {
                 lock.unlock();
-                reader_->submit(batch);
+                if (opts_.remap_sync) remap_sync_reads(batch);
+                else reader_->submit(batch);
                 lock.lock();
                 continue;
             }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "config/result.h"
+#include "model/thread_pool.h"
 #include "model/arch/deepseek41.h"
 #include "scheduler/model_loader.h"
 #include "storage/aligned_buffer.h"
@@ -39,6 +40,11 @@ struct tier_options {
     io::reader_options io;
     std::string policy = "lru";
     bool lock_host = false;     // mlock the host tier (pinned memory)
+    // Baseline of the published port (--io-mode remap-sync): need() blocks until a pool of
+    // `remap_threads` threads has pread() every part of every miss, one request per tensor part,
+    // through the page cache; no queue, no overlap with compute. Kept to measure the difference.
+    bool remap_sync = false;
+    int remap_threads = 8;
 };
 
 struct tier_counters {
@@ -111,6 +117,9 @@ class tiered_experts final : public dsv41::expert_source {
     int64_t max_held_ = 1;
     io::aligned_buffer host_buf_, device_buf_;
     std::unique_ptr<io::uring_reader> reader_;
+    std::vector<int> remap_fds_;              // remap-sync: buffered descriptors of the files
+    std::unique_ptr<thread_pool> remap_pool_;  // remap-sync: the pread pool
+    void remap_sync_reads(const std::vector<io::read_request>& batch);
 
     mutable std::mutex mu_;
     std::condition_variable changed_;

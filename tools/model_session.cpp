@@ -45,6 +45,7 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         t.host_bytes = uint64_t(cfg.cache.host_cache_gib * kGiB);
         t.io.depth = uint32_t(cfg.io.depth);
         t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
+        t.remap_sync = cfg.io.mode == io_mode::remap_sync;
         auto tiers = tiered_experts::create(*s->files, t);
         if (!tiers) return tiers.err();
         s->streamed = std::move(*tiers);

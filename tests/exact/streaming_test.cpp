@@ -41,7 +41,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_experts, double host_experts,
-                                              uint32_t depth, uint64_t chunk) {
+                                              uint32_t depth, uint64_t chunk, bool remap_sync = false) {
     // Slot sizes in bytes, from a probe with a generous budget.
     auto probe = tiered_experts::create(*m.files, {1 << 26, 1 << 26, {}, "lru", false});
     if (!probe) return probe.err();
@@ -52,6 +52,7 @@ result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_ex
     o.host_bytes = uint64_t(host_experts * double(host_slot));
     o.io.depth = depth;
     o.io.chunk_bytes = chunk;
+    o.remap_sync = remap_sync;
     return tiered_experts::create(*m.files, o);
 }
 
@@ -69,12 +70,14 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
         uint32_t depth;
         uint64_t chunk;
         int threads;
+        bool remap = false;
     };
     // From "one expert in each tier" (every expert read again and again) to everything fits.
     for (const config c : {config{1, 1, 1, 4096, 1}, config{2, 3, 2, 4096, 2}, config{6, 2, 64, 8192, 3},
                            config{0, 7, 4, 4096, 2}, config{0, 1, 8, 1 << 20, 1}, config{64, 8, 16, 1 << 20, 2},
-                           config{2000, 2000, 64, 1 << 20, 2}}) {
-        auto t = tiers(m, c.device, c.host, c.depth, c.chunk);
+                           config{2000, 2000, 64, 1 << 20, 2}, config{3, 4, 64, 1 << 20, 2, true},
+                           config{0, 6, 64, 1 << 20, 1, true}}) {
+        auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap);
         if (!t) {
             if (t.message().rfind("io_uring unavailable", 0) == 0) {
                 BOOST_TEST_MESSAGE("skipped: " << t.message());
@@ -90,7 +93,7 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                                      << " chunk " << c.chunk << ": demands " << k.demands << ", device hits "
                                      << k.device_hits << ", host hits " << k.host_hits << ", joins " << k.joins
                                      << ", disk reads " << k.disk_reads << " (" << k.disk_bytes << " B), max in flight "
-                                     << io.max_in_flight);
+                                     << io.max_in_flight << (c.remap ? " (remap-sync)" : ""));
         BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth);
         BOOST_TEST(k.read_errors == 0u);
         BOOST_TEST(io.max_in_flight <= c.depth);
