@@ -24,6 +24,15 @@ void model_session::print_streaming_stats() const {
                  static_cast<unsigned long long>(k.disk_reads), double(k.disk_bytes) / 1e6, io.bandwidth() / 1e9,
                  io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, streamed->device_slots(),
                  streamed->host_slots(), streamed->notes().empty() ? "" : "; ", streamed->notes().c_str());
+    if (engram) {
+        const auto e = engram->counters();
+        std::fprintf(stderr,
+                     "engram: %llu rows looked up, %llu read ahead from disk (%.2f MB), %llu from the mapping "
+                     "(arena full), %llu waited (%.3f s)\n",
+                     static_cast<unsigned long long>(e.rows_requested), static_cast<unsigned long long>(e.rows_read),
+                     double(e.bytes_read) / 1e6, static_cast<unsigned long long>(e.overflow),
+                     static_cast<unsigned long long>(e.waits), e.wait_seconds);
+    }
 }
 
 result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft, bool stream) {
@@ -53,11 +62,26 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
     }
     s->model = std::make_unique<dsv41::model>(s->files->hp, s->files->weights,
                                               s->files->draft ? &*s->files->draft : nullptr, *source, *s->backend);
+    if (stream && !s->files->hp.engram_layers.empty()) {
+        engram_stream_options eo;
+        eo.io.depth = uint32_t(cfg.io.depth);
+        auto es = engram_stream::create(*s->files, eo);
+        if (!es) return es.err();
+        s->engram = std::move(*es);
+        auto o = s->model->options();
+        o.engram = s->engram.get();
+        s->model->set_options(o);
+    }
     return s;
 }
 
 void check_options::apply(model_session& s, dsv41::tensor_observer* observer) {
-    s.model->set_options({ref_compat, picks ? &*picks : nullptr, observer, act_quant});
+    auto o = s.model->options();
+    o.ref_compat = ref_compat;
+    o.hook = picks ? &*picks : nullptr;
+    o.observer = observer;
+    o.act_quant = act_quant;
+    s.model->set_options(o);
 }
 
 std::string check_options::summary() const {

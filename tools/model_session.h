@@ -15,6 +15,7 @@
 #include "model/cpu_backend.h"
 #include "scheduler/model_loader.h"
 #include "scheduler/recorded_picks.h"
+#include "scheduler/engram_stream.h"
 #include "scheduler/tiered_experts.h"
 
 namespace moestream::tools {
@@ -24,6 +25,7 @@ struct model_session {
     std::unique_ptr<cpu_backend> backend;
     std::unique_ptr<resident_experts> experts;  // everything in the mapping (bench cpu)
     std::unique_ptr<tiered_experts> streamed;   // device <- host <- disk tiers (the product path)
+    std::unique_ptr<engram_stream> engram;      // engram rows read ahead from disk (with streaming)
     std::unique_ptr<dsv41::model> model;
 
     const dsv41::hparams& hp() const { return files->hp; }

@@ -169,7 +169,31 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     detail::hc_mix mixA, mixF;
     std::vector<attention_row> arows(static_cast<size_t>(R));
     std::vector<std::vector<const float*>> keys(static_cast<size_t>(R));
-    std::vector<int64_t> engram_rows(static_cast<size_t>(hp.engram_columns() * int64_t(hp.engram_layers.size())));
+    // Engram rows depend only on token ids: hash every row of every engram layer now and
+    // announce them, so the reads overlap the layers before the first engram layer.
+    const int64_t n_eng = int64_t(hp.engram_layers.size()), ecols = hp.engram_columns();
+    std::vector<int64_t> engram_rows(static_cast<size_t>(R * ecols * n_eng));  // [row][engram layer][col]
+    if (n_eng > 0) {
+        for (size_t i = 0; i < items.size(); ++i)
+            for (int64_t t = 0; t < items[i].count; ++t)
+                engram_hash(hp, w_.engram, history[i], items[i].start + t,
+                            std::span<int64_t>(engram_rows).subspan(size_t((items[i].first + t) * ecols * n_eng),
+                                                                    size_t(ecols * n_eng)));
+        if (opts_.engram) {
+            std::vector<int64_t> ids(static_cast<size_t>(R * ecols));
+            for (int64_t e = 0; e < n_eng; ++e) {
+                for (int64_t r = 0; r < R; ++r)
+                    std::copy_n(engram_rows.data() + (r * n_eng + e) * ecols, ecols, ids.data() + r * ecols);
+                opts_.engram->prefetch(int(e), ids);
+            }
+        }
+    }
+    struct engram_done {  // end_forward() on every exit path
+        engram_source* src;
+        ~engram_done() {
+            if (src) src->end_forward();
+        }
+    } engram_scope{opts_.engram};
 
     for (int L = 0; L < hp.n_layers; ++L) {
         const layer_weights& lw = w_.layers[size_t(L)];
@@ -181,16 +205,20 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             const size_t e_idx = size_t(std::find(hp.engram_layers.begin(), hp.engram_layers.end(), L) - hp.engram_layers.begin());
             const int64_t cols = hp.engram_columns(), ehd = hp.engram_head_dim, in = cols * ehd;
             std::vector<float> ucat(static_cast<size_t>(R * in)), kv5(static_cast<size_t>(R * (hc + 1) * dim));
-            for (size_t i = 0; i < items.size(); ++i)
-                for (int64_t t = 0; t < items[i].count; ++t) {
-                    const int64_t r = items[i].first + t;
-                    engram_hash(hp, w_.engram, history[i], items[i].start + t, engram_rows);
-                    for (int64_t c = 0; c < cols; ++c) {
-                        const int64_t row = engram_rows[e_idx * size_t(cols) + size_t(c)];
-                        MS_ASSERT(row >= 0 && row < lw.engram_rows);
-                        quant::dequantize_fp8_row_scaled(lw.engram_values + row * ehd, lw.engram_scales + row * (ehd / 32),
-                                                         ehd, ucat.data() + r * in + c * ehd);
+            for (int64_t r = 0; r < R; ++r)
+                for (int64_t c = 0; c < cols; ++c) {
+                    const int64_t row = engram_rows[size_t((r * n_eng + int64_t(e_idx)) * cols + c)];
+                    MS_ASSERT(row >= 0 && row < lw.engram_rows);
+                    engram_row er{lw.engram_values + row * ehd, lw.engram_scales + row * (ehd / 32)};
+                    if (opts_.engram) {
+                        auto got = opts_.engram->row(int(e_idx), row);
+                        if (!got) {
+                            restore();
+                            return got.err();
+                        }
+                        er = *got;
                     }
+                    quant::dequantize_fp8_row_scaled(er.values, er.scales, ehd, ucat.data() + r * in + c * ehd);
                 }
             be_.round_bf16(ucat.data(), int64_t(ucat.size()));
             detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ucat.data(), int64_t(ucat.size()));

@@ -89,6 +89,25 @@ class expert_source {
     virtual int64_t max_held() const { return INT64_MAX; }
 };
 
+// ---- engram rows -------------------------------------------------------------------------------
+// Rows of an engram table (e4m3 values and their e8m0 scales). Row ids depend only on token ids,
+// so a forward hashes all of them before its first layer and announces them with prefetch(); the
+// engram layers (1 and 14 of 40) then read them with row(), normally long after they arrived.
+struct engram_row {
+    const uint8_t* values = nullptr;  // head_dim e4m3 bytes
+    const uint8_t* scales = nullptr;  // head_dim / 32 e8m0 bytes
+};
+
+class engram_source {
+  public:
+    virtual ~engram_source() = default;
+    // Every row id (with repeats) of engram layer `engram_index` this forward will read.
+    virtual void prefetch(int engram_index, std::span<const int64_t> rows) = 0;
+    // One announced row; valid until end_forward(). May block until it arrived.
+    virtual result<engram_row> row(int engram_index, int64_t row) = 0;
+    virtual void end_forward() {}
+};
+
 // ---- hooks ---------------------------------------------------------------------------------
 enum class pick_kind { router, indexer, candidates, draft_router };
 
@@ -165,6 +184,8 @@ struct model_options {
     // Simulate the reference's fp8/fp4 activation round trips (§3.8): only useful to compare with a
     // reference run that had them on (the fp8 fixture); costs speed.
     bool act_quant = false;
+    // Where engram rows come from; null: straight from the weights' tables (memory mapped).
+    engram_source* engram = nullptr;
 };
 
 struct draft_output {

@@ -5,6 +5,7 @@
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
+#include "scheduler/engram_stream.h"
 #include "scheduler/tiered_experts.h"
 
 namespace moestream::test {
@@ -18,8 +19,12 @@ std::vector<int32_t> prompt40() {
 }
 
 // Prefill of 40 tokens, 4 decode steps and one DSpark draft, every logit concatenated.
-std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend& be) {
+std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend& be,
+                       dsv41::engram_source* engram = nullptr) {
     dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, experts, be);
+    dsv41::model_options o;
+    o.engram = engram;
+    mdl.set_options(o);
     auto seq = m.sequence();
     const auto tokens = prompt40();
     std::vector<float> all, part;
@@ -119,6 +124,29 @@ BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
     BOOST_TEST(second.disk_reads == first.disk_reads);
     // Distinct experts touched <= 10 layers * 64 + 3 stages * 16.
     BOOST_TEST(first.disk_reads <= uint64_t(10 * 64 + 3 * 16));
+}
+
+// Engram rows read ahead through io_uring (or, past the arena, from the mapping) give the same bits.
+BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
+    auto& m = fixture(kFx);
+    const auto reference = run(m, *m.experts, *m.backend);
+    for (uint32_t slots : {4096u, 16u}) {
+        engram_stream_options o;
+        o.slots = slots;
+        auto es = engram_stream::create(*m.files, o);
+        if (!es) {
+            BOOST_TEST_MESSAGE("skipped: " << es.message());
+            return;
+        }
+        const auto got = run(m, *m.experts, *m.backend, es->get());
+        const auto c = (*es)->counters();
+        BOOST_TEST_MESSAGE("engram arena " << slots << " rows: " << c.rows_requested << " looked up, " << c.rows_read
+                                           << " read ahead, " << c.overflow << " from the mapping, " << c.waits
+                                           << " waited");
+        BOOST_TEST(same_bits(got, reference), "arena " << slots);
+        BOOST_TEST(c.rows_read > 0u);
+        BOOST_TEST((slots == 16u) == (c.overflow > 0u));
+    }
 }
 
 BOOST_AUTO_TEST_CASE(budgets_too_small_are_named, *needs()) {

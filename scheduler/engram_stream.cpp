@@ -1,0 +1,132 @@
+#include "scheduler/engram_stream.h"
+
+#include <chrono>
+
+namespace moestream {
+namespace {
+
+uint64_t row_key(int engram_index, int64_t row) { return uint64_t(engram_index) << 48 | uint64_t(row); }
+
+}  // namespace
+
+engram_stream::~engram_stream() { reader_.reset(); }
+
+result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model& m, engram_stream_options opts) {
+    std::unique_ptr<engram_stream> s(new engram_stream(opts));
+    const auto& hp = m.hp;
+    if (hp.engram_head_dim + 4096 > int64_t(kWindow))
+        return make_error("engram head_dim " + std::to_string(hp.engram_head_dim) + " does not fit the staging window");
+    for (int L : hp.engram_layers) {
+        const std::string prefix = "blk." + std::to_string(L) + ".";
+        const auto* v = m.target.tensor(prefix + "engram_embd.weight");
+        const auto* sc = m.target.tensor(prefix + "engram_embd_scale.weight");
+        if (!v || !sc) return make_error(m.target.shard_path(0) + ": engram tables of layer " + std::to_string(L) + " missing");
+        table t;
+        t.values = {v->shard, v->file_offset, uint64_t(v->ne[0]), nullptr, 0};
+        t.scales = {sc->shard, sc->file_offset, uint64_t(sc->ne[0]), nullptr, 0};
+        t.mapped_values = reinterpret_cast<const uint8_t*>(m.target.data(*v).data());
+        t.mapped_scales = reinterpret_cast<const uint8_t*>(m.target.data(*sc).data());
+        s->tables_.push_back(t);
+    }
+    auto arena = io::aligned_buffer::allocate(size_t(opts.slots) * 2 * kWindow);
+    if (!arena) return make_error("engram staging: " + arena.message());
+    s->arena_ = std::move(*arena);
+    s->slots_.resize(opts.slots);
+    std::vector<std::string> paths;
+    for (size_t i = 0; i < m.target.shard_count(); ++i) paths.push_back(m.target.shard_path(uint32_t(i)));
+    engram_stream* self = s.get();
+    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) { self->on_read(tag, st); });
+    if (!reader) return reader.err();
+    s->reader_ = std::move(*reader);
+    const std::span<std::byte> regions[] = {s->arena_.span()};
+    (void)s->reader_->register_buffers(regions);
+    return s;
+}
+
+void engram_stream::prefetch(int engram_index, std::span<const int64_t> rows) {
+    MS_ASSERT(engram_index >= 0 && size_t(engram_index) < tables_.size());
+    const table& t = tables_[size_t(engram_index)];
+    std::vector<io::read_request> batch;
+    {
+        std::lock_guard lock(mu_);
+        for (int64_t r : rows) {
+            const uint64_t key = row_key(engram_index, r);
+            if (slot_of_.count(key)) continue;  // repeated n-grams are read once
+            if (used_ == opts_.slots) continue;  // full: row() serves it from the mapping
+            const uint32_t slot = used_++;
+            slot_of_[key] = slot;
+            slots_[slot] = slot_state{2, false, {}};
+            io::read_request v = t.values, s = t.scales;
+            v.offset += uint64_t(r) * t.values.bytes;
+            s.offset += uint64_t(r) * t.scales.bytes;
+            v.dst = window(slot, 0);
+            s.dst = window(slot, 1);
+            v.tag = uint64_t(slot) * 2;
+            s.tag = uint64_t(slot) * 2 + 1;
+            batch.push_back(v);
+            batch.push_back(s);
+        }
+        in_flight_parts_ += batch.size();
+    }
+    if (!batch.empty()) reader_->submit(batch);
+}
+
+void engram_stream::on_read(uint64_t tag, const status& st) {
+    {
+        std::lock_guard lock(mu_);
+        slot_state& s = slots_[size_t(tag / 2)];
+        if (!st.ok() && !s.failed) {
+            s.failed = true;
+            s.error = st.message();
+        }
+        --s.parts_left;
+        --in_flight_parts_;
+    }
+    arrived_.notify_all();
+}
+
+result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
+    const table& t = tables_[size_t(engram_index)];
+    std::unique_lock lock(mu_);
+    ++counters_.rows_requested;
+    auto it = slot_of_.find(row_key(engram_index, row));
+    if (it == slot_of_.end()) {
+        ++counters_.overflow;
+        return dsv41::engram_row{t.mapped_values + uint64_t(row) * t.values.bytes,
+                                 t.mapped_scales + uint64_t(row) * t.scales.bytes};
+    }
+    slot_state& s = slots_[it->second];
+    if (s.parts_left > 0) {
+        ++counters_.waits;
+        const auto t0 = std::chrono::steady_clock::now();
+        arrived_.wait(lock, [&] { return s.parts_left == 0; });
+        counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (s.failed)
+        return make_error("engram row " + std::to_string(row) + " of engram layer " + std::to_string(engram_index) +
+                          " could not be read: " + s.error);
+    const uint64_t v_off = t.values.offset + uint64_t(row) * t.values.bytes;
+    const uint64_t s_off = t.scales.offset + uint64_t(row) * t.scales.bytes;
+    return dsv41::engram_row{reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(it->second, 0), v_off)),
+                             reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(it->second, 1), s_off))};
+}
+
+void engram_stream::end_forward() {
+    std::unique_lock lock(mu_);
+    // The arena is reused by the next forward: every read into it must have landed.
+    arrived_.wait(lock, [&] { return in_flight_parts_ == 0; });
+    for (uint32_t i = 0; i < used_; ++i) {
+        if (slots_[i].failed) continue;
+        ++counters_.rows_read;
+    }
+    counters_.bytes_read += uint64_t(used_) * (tables_.empty() ? 0 : tables_[0].values.bytes + tables_[0].scales.bytes);
+    slot_of_.clear();
+    used_ = 0;
+}
+
+engram_counters engram_stream::counters() const {
+    std::lock_guard lock(mu_);
+    return counters_;
+}
+
+}  // namespace moestream

@@ -1,0 +1,82 @@
+// Engram rows read from disk ahead of use (issue: expert streaming, "engram tables"): the tables
+// (2 x 101 GB on the real model) are never loaded whole or mapped into the working set. A forward
+// announces every row it will read before its first layer (row ids depend only on token ids);
+// each row's values and scales are read with O_DIRECT into a staging arena, so by the time the
+// engram layers run (1 and 14 of 40) the rows are normally there and row() does not wait.
+// Rows beyond the arena's capacity in one forward (long prefills) are read from the memory
+// mapping instead, counted as overflow.
+//
+// Thread safety: prefetch/row/end_forward from the compute thread; completions on the reader's.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "scheduler/model_loader.h"
+#include "storage/aligned_buffer.h"
+#include "storage/io_uring_reader.h"
+
+namespace moestream {
+
+struct engram_stream_options {
+    uint32_t slots = 4096;  // rows one forward can have in flight (2 x 8 KiB staging each)
+    io::reader_options io{64, 64 * 1024, true};
+};
+
+struct engram_counters {
+    uint64_t rows_requested = 0;  // row() calls
+    uint64_t rows_read = 0;       // distinct rows read from disk
+    uint64_t bytes_read = 0;      // payload bytes (values + scales)
+    uint64_t overflow = 0;        // rows served from the mapping (arena full)
+    uint64_t waits = 0;           // row() calls that had to wait for the disk
+    double wait_seconds = 0;
+};
+
+class engram_stream final : public dsv41::engram_source {
+  public:
+    static result<std::unique_ptr<engram_stream>> create(const loaded_model& m, engram_stream_options opts);
+    ~engram_stream() override;
+
+    void prefetch(int engram_index, std::span<const int64_t> rows) override;
+    result<dsv41::engram_row> row(int engram_index, int64_t row) override;
+    void end_forward() override;
+
+    engram_counters counters() const;
+
+  private:
+    struct table {
+        io::read_request values, scales;  // file, offset of row 0; bytes of one row
+        const uint8_t* mapped_values = nullptr;
+        const uint8_t* mapped_scales = nullptr;
+    };
+    struct slot_state {
+        int parts_left = 0;
+        bool failed = false;
+        std::string error;
+    };
+    static constexpr uint64_t kWindow = 8192;  // staging window of one part
+
+    explicit engram_stream(engram_stream_options opts) : opts_(opts) {}
+    void on_read(uint64_t tag, const status& st);
+    std::byte* window(uint32_t slot, int part) const { return arena_.data() + (uint64_t(slot) * 2 + uint64_t(part)) * kWindow; }
+
+    engram_stream_options opts_;
+    std::vector<table> tables_;
+    io::aligned_buffer arena_;
+    std::unique_ptr<io::uring_reader> reader_;
+
+    mutable std::mutex mu_;
+    std::condition_variable arrived_;
+    std::unordered_map<uint64_t, uint32_t> slot_of_;  // (engram index, row) -> slot, this forward
+    std::vector<slot_state> slots_;
+    uint32_t used_ = 0;
+    uint64_t in_flight_parts_ = 0;
+    engram_counters counters_;
+};
+
+}  // namespace moestream
