@@ -1,5 +1,8 @@
 #include "scheduler/model_loader.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "model/quant.h"
@@ -115,6 +118,27 @@ result<std::vector<int64_t>> i64_table(const gguf::model_file& f, const std::str
 
 }  // namespace
 
+namespace {
+result<loaded_model::file_stamp> stamp_of(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return make_error(path + ": " + std::strerror(errno));
+    return loaded_model::file_stamp{path, uint64_t(st.st_size),
+                                    int64_t(st.st_mtim.tv_sec) * 1000000000 + int64_t(st.st_mtim.tv_nsec)};
+}
+}  // namespace
+
+status loaded_model::verify_unchanged() const {
+    for (const auto& s : stamps) {
+        auto now = stamp_of(s.path);
+        if (!now) return make_error(now.message() + " (the model file disappeared while in use)");
+        if (now->size != s.size || now->mtime_ns != s.mtime_ns)
+            return make_error(s.path + " changed on disk since it was loaded (size " + std::to_string(s.size) + " -> " +
+                              std::to_string(now->size) + ", modification time changed: " +
+                              (now->mtime_ns != s.mtime_ns ? "yes" : "no") + "): restart with the new file");
+    }
+    return {};
+}
+
 dsv41::expert_weights loaded_model::expert(int layer, int32_t e) const {
     const bool is_draft = layer >= hp.n_layers;
     const gguf::model_file& f = is_draft ? *draft_file : target;
@@ -135,7 +159,7 @@ result<std::unique_ptr<loaded_model>> load_model(const std::string& path, const 
     auto hp = read_hparams(*file);
     if (!hp) return hp.err();
     if (auto st = check_tensors(*file, *hp, false); !st) return st.err();
-    auto m = std::make_unique<loaded_model>(loaded_model{*hp, std::move(*file), std::nullopt, {}, std::nullopt, {}, {}});
+    auto m = std::make_unique<loaded_model>(loaded_model{*hp, std::move(*file), std::nullopt, {}, std::nullopt, {}, {}, {}});
     binder b{m->target, *m, "", ""};
     m->weights.token_embd = b.weight("token_embd.weight");
     m->weights.output = b.weight("output.weight");
@@ -179,7 +203,13 @@ result<std::unique_ptr<loaded_model>> load_model(const std::string& path, const 
                                   std::to_string(lw.engram_rows) + " rows, the primes need " + std::to_string(rows));
         }
     }
+    for (size_t i = 0; i < m->target.shard_count(); ++i) {
+        auto st = stamp_of(m->target.shard_path(uint32_t(i)));
+        if (!st) return st.err();
+        m->stamps.push_back(*st);
+    }
     if (!draft_path.empty()) {
+        if (auto st = stamp_of(draft_path); st) m->stamps.push_back(*st);
         auto df = gguf::model_file::open(draft_path);
         if (!df) return df.err();
         auto dhp = read_hparams(*df);

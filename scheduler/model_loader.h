@@ -26,6 +26,17 @@ struct loaded_model {
     std::deque<std::vector<float>> converted;  // parameters converted to F32 at load
     std::vector<int32_t> token_map;
 
+    // Size and modification time of every file at load time.
+    struct file_stamp {
+        std::string path;
+        uint64_t size = 0;
+        int64_t mtime_ns = 0;
+    };
+    std::vector<file_stamp> stamps;
+    // An error naming the file when one of them changed on disk since it was loaded (the mapping
+    // and every cached expert would then be stale).
+    status verify_unchanged() const;
+
     // Expert `e` of a layer (n_layers + s: DSpark stage s) as views into the mapping.
     dsv41::expert_weights expert(int layer, int32_t e) const;
 };

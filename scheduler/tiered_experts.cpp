@@ -214,6 +214,10 @@ void tiered_experts::on_read(uint64_t tag, const status& st) {
             ls.failed = true;
             ls.error = st.message();
         }
+        if (opts_.inject_read_error && !ls.failed && opts_.inject_read_error(layer, expert)) {
+            ls.failed = true;
+            ls.error = "injected read error";
+        }
         if (--ls.parts_left > 0) return;
         host_->finish_load(key, !ls.failed);
         if (ls.failed) {
@@ -318,6 +322,8 @@ result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
             if (auto f = failed_.find(key); f != failed_.end()) {
                 std::string msg = f->second;
                 failed_.erase(f);
+                // A file replaced under us is the likeliest cause of a read error: say so.
+                if (auto changed = m_.verify_unchanged(); !changed) msg += "; " + changed.message();
                 return make_error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
                                   " could not be read: " + msg);
             }

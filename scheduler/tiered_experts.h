@@ -18,6 +18,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,8 @@ struct tier_options {
     // through the page cache; no queue, no overlap with compute. Kept to measure the difference.
     bool remap_sync = false;
     int remap_threads = 8;
+    // Test hook: reads of experts for which this returns true complete with an error.
+    std::function<bool(int layer, int32_t expert)> inject_read_error;
 };
 
 struct tier_counters {

@@ -1,7 +1,9 @@
 // Experts through the tiers (device <- host <- io_uring disk reads) give exactly the bits of the
 // resident model, whatever the budgets, queue depth, chunk size or thread count.
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
@@ -45,10 +47,12 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+tier_options budgets(uint64_t device, uint64_t host, std::string policy = "lru");
+
 result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_experts, double host_experts,
                                               uint32_t depth, uint64_t chunk, bool remap_sync = false) {
     // Slot sizes in bytes, from a probe with a generous budget.
-    auto probe = tiered_experts::create(*m.files, {1 << 26, 1 << 26, {}, "lru", false});
+    auto probe = tiered_experts::create(*m.files, budgets(1 << 26, 1 << 26));
     if (!probe) return probe.err();
     const uint64_t dev_slot = (uint64_t(1) << 26) / (*probe)->device_slots();
     const uint64_t host_slot = (uint64_t(1) << 26) / (*probe)->host_slots();
@@ -62,6 +66,14 @@ result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_ex
 }
 
 auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
+
+tier_options budgets(uint64_t device, uint64_t host, std::string policy) {
+    tier_options o;
+    o.device_bytes = device;
+    o.host_bytes = host;
+    o.policy = std::move(policy);
+    return o;
+}
 
 }  // namespace
 
@@ -149,15 +161,60 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
     }
 }
 
+// A failed expert read fails the forward that needs it with an error naming the expert, leaves
+// the sequence as it was and caches nothing: the same forward then succeeds with the same bits.
+BOOST_AUTO_TEST_CASE(failed_expert_read_fails_cleanly, *needs()) {
+    auto& m = fixture(kFx);
+    auto o = budgets(0, 1 << 24);
+    bool fail = true;
+    o.inject_read_error = [&](int layer, int32_t) { return fail && layer == 5; };
+    auto t = tiered_experts::create(*m.files, o);
+    if (!t) {
+        BOOST_TEST_MESSAGE("skipped: " << t.message());
+        return;
+    }
+    dsv41::model mdl(m.hp(), m.files->weights, nullptr, **t, *m.backend);
+    auto seq = m.sequence();
+    const auto tokens = prompt40();
+    std::vector<float> logits, reference;
+    dsv41::forward_item item{seq.get(), tokens, true};
+    auto st = mdl.forward({&item, 1}, logits);
+    BOOST_TEST_REQUIRE(!st.ok());
+    BOOST_TEST(st.message().find("of layer 5 could not be read: injected read error") != std::string::npos, st.message());
+    BOOST_TEST(seq->size() == 0);
+    BOOST_TEST((*t)->counters().read_errors > 0u);
+    fail = false;
+    BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+    auto ref_seq = m.sequence();
+    dsv41::forward_item ref_item{ref_seq.get(), tokens, true};
+    BOOST_TEST_REQUIRE(m.model->forward({&ref_item, 1}, reference).ok());
+    BOOST_TEST(same_bits(logits, reference));
+}
+
+// A model file replaced on disk while in use is detected.
+BOOST_AUTO_TEST_CASE(model_file_changed_on_disk_is_detected, *needs()) {
+    auto& m = fixture(kFx);
+    const auto dir = scratch_dir("changed-model");
+    const auto copy = dir / "t.gguf";
+    std::filesystem::copy_file(m.files->stamps.front().path, copy);
+    auto files = load_model(copy.string(), "");
+    BOOST_TEST_REQUIRE(files.ok());
+    BOOST_TEST((*files)->verify_unchanged().ok());
+    std::filesystem::last_write_time(copy, std::filesystem::last_write_time(copy) + std::chrono::seconds(5));
+    const auto st = (*files)->verify_unchanged();
+    BOOST_TEST_REQUIRE(!st.ok());
+    BOOST_TEST(st.message().find("changed on disk since it was loaded") != std::string::npos, st.message());
+}
+
 BOOST_AUTO_TEST_CASE(budgets_too_small_are_named, *needs()) {
     auto& m = fixture(kFx);
-    auto t = tiered_experts::create(*m.files, {0, 100, {}, "lru", false});
+    auto t = tiered_experts::create(*m.files, budgets(0, 100));
     BOOST_TEST_REQUIRE(!t.ok());
     BOOST_TEST(t.message().find("--host-cache is too small") != std::string::npos);
-    auto d = tiered_experts::create(*m.files, {100, 1 << 24, {}, "lru", false});
+    auto d = tiered_experts::create(*m.files, budgets(100, 1 << 24));
     BOOST_TEST_REQUIRE(!d.ok());
     BOOST_TEST(d.message().find("--device-cache is too small") != std::string::npos);
-    auto p = tiered_experts::create(*m.files, {0, 1 << 24, {}, "fifo", false});
+    auto p = tiered_experts::create(*m.files, budgets(0, 1 << 24, "fifo"));
     BOOST_TEST(!p.ok());
 }
 
