@@ -426,6 +426,7 @@ int run(const cli::args& a) {
         "note: a disk measurement needs a cold page cache; O_DIRECT bypasses it, but buffered reads and a\n"
         "      virtual disk cached by its host can still report memory speed. This command does not drop\n"
         "      caches (as root: sync; echo 3 > /proc/sys/vm/drop_caches).\n");
+    std::fflush(stdout);
 
     const char* mode = direct ? "O_DIRECT" : "buffered";
     measurement raw[2];
@@ -436,6 +437,7 @@ int run(const cli::args& a) {
         std::printf("raw io_uring %s, %-10s %4llu KiB reads at depth %u: %.2f GiB in %.3f s = %.2f GB/s (cpu %.2f s)\n",
                     mode, random ? "random" : "sequential", static_cast<unsigned long long>(chunk >> 10), d,
                     gib(m->bytes), m->seconds, m->gbps(), m->cpu);
+        std::fflush(stdout);  // phases take seconds; show progress when piped
     }
 
     const auto w = make_workload(*file, file_size, amount);
