@@ -152,6 +152,9 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
     {
         std::lock_guard lock(mu_);
         ++step_;
+        hinted_.clear();  // predictions for this layer are now facts; older ones are stale
+        for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
+            it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
         // Pins of the previous need() that no get() took over (a forward that stopped early).
         for (expert_key k : need_pins_)
             if (host_->pins(k) > 0) host_->unpin(k);
@@ -201,6 +204,33 @@ void tiered_experts::remap_sync_reads(const std::vector<io::read_request>& batch
     for (size_t i = 0; i < batch.size(); ++i) on_read(batch[i].tag, outcome[i]);
 }
 
+void tiered_experts::hint(int layer, std::span<const int32_t> experts) {
+    {
+        std::lock_guard lock(mu_);
+        hinted_.clear();
+        for (int32_t e : experts) hinted_.push_back(make_expert_key(uint32_t(layer), uint32_t(e)));
+    }
+    submit_hints();
+}
+
+void tiered_experts::submit_hints() {
+    if (opts_.remap_sync) return;  // the baseline has no look-ahead
+    std::vector<io::read_request> batch;
+    {
+        std::lock_guard lock(mu_);
+        if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
+        for (expert_key key : hinted_) {
+            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
+            if (host_->lookup(key).state != storage::residency::absent) continue;
+            if (!start_read(key, batch)) break;
+            ++counters_.hint_reads;
+            hint_started_.insert(key);
+        }
+        hinted_.clear();
+    }
+    if (!batch.empty()) reader_->submit(batch);
+}
+
 void tiered_experts::on_read(uint64_t tag, const status& st) {
     const int layer = int(tag >> 34);
     const int32_t expert = int32_t((tag >> 2) & 0xffffffffu);
@@ -231,6 +261,7 @@ void tiered_experts::on_read(uint64_t tag, const status& st) {
         loading_.erase(it);
     }
     changed_.notify_all();
+    submit_hints();  // the queue may have drained: predictions may go now
 }
 
 void tiered_experts::copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) {
@@ -281,6 +312,10 @@ result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
     std::unique_lock lock(mu_);
     ++counters_.demands;
     bool counted = false, waited = false;
+    if (auto h = hint_started_.find(key); h != hint_started_.end()) {
+        ++counters_.hint_used;
+        hint_started_.erase(h);
+    }
     auto note = [&](uint64_t& c) {
         if (!counted) ++c, counted = true;
     };

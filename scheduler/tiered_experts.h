@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +61,8 @@ struct tier_counters {
     uint64_t promoted_bytes = 0; // host -> device copies
     uint64_t demoted_bytes = 0;  // device -> host copies of evicted experts
     uint64_t read_errors = 0;
+    uint64_t hint_reads = 0;     // reads started from look-ahead hints
+    uint64_t hint_used = 0;      // of those, demanded afterwards (the rest was a wasted read)
     double wait_seconds = 0;     // compute thread blocked in get()
 };
 
@@ -72,6 +75,9 @@ class tiered_experts final : public dsv41::expert_source {
     result<dsv41::expert_weights> get(int layer, int32_t expert) override;
     void release(int layer, int32_t expert) override;
     int64_t max_held() const override { return max_held_; }
+    // Look-ahead reads go out only while no demand chunk is waiting in the reader's queue, so a
+    // prediction never delays a demand; a demand for a hinted expert joins its read.
+    void hint(int layer, std::span<const int32_t> experts) override;
 
     tier_counters counters() const;
     io::reader_stats io_stats() const { return reader_->stats(); }
@@ -132,6 +138,9 @@ class tiered_experts final : public dsv41::expert_source {
     // Host pins taken by need() for experts the model is about to get (so a demotion or another
     // read cannot evict them first); get() takes them over.
     std::vector<storage::expert_key> need_pins_;
+    std::vector<storage::expert_key> hinted_;          // predicted, not yet read (newest layer only)
+    std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
+    void submit_hints();                               // takes the lock; call without it
     uint64_t step_ = 0;
     tier_counters counters_;
 };

@@ -18,12 +18,14 @@ void model_session::print_streaming_stats() const {
     std::fprintf(stderr,
                  "experts: %llu demands, %llu device hits, %llu host hits, %llu joined in flight, %llu read from disk "
                  "(%.1f MB, %.2f GB/s while busy, %.1f reads in flight on average, max %u), %.3f s waited; tiers: "
-                 "%u device slots, %u host slots%s%s\n",
+                 "%u device slots, %u host slots; look-ahead: %llu reads, %llu used%s%s\n",
                  static_cast<unsigned long long>(k.demands), static_cast<unsigned long long>(k.device_hits),
                  static_cast<unsigned long long>(k.host_hits), static_cast<unsigned long long>(k.joins),
                  static_cast<unsigned long long>(k.disk_reads), double(k.disk_bytes) / 1e6, io.bandwidth() / 1e9,
                  io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, streamed->device_slots(),
-                 streamed->host_slots(), streamed->notes().empty() ? "" : "; ", streamed->notes().c_str());
+                 streamed->host_slots(), static_cast<unsigned long long>(k.hint_reads),
+                 static_cast<unsigned long long>(k.hint_used), streamed->notes().empty() ? "" : "; ",
+                 streamed->notes().c_str());
     if (engram) {
         const auto e = engram->counters();
         std::fprintf(stderr,
@@ -60,8 +62,10 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         s->streamed = std::move(*tiers);
         source = s->streamed.get();
     }
+    dsv41::model_options mo;
+    mo.lookahead = stream;
     s->model = std::make_unique<dsv41::model>(s->files->hp, s->files->weights,
-                                              s->files->draft ? &*s->files->draft : nullptr, *source, *s->backend);
+                                              s->files->draft ? &*s->files->draft : nullptr, *source, *s->backend, mo);
     if (stream && !s->files->hp.engram_layers.empty()) {
         engram_stream_options eo;
         eo.io.depth = uint32_t(cfg.io.depth);

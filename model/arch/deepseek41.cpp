@@ -450,7 +450,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         be_.hc_collapse(H.data(), R, hc, dim, mixA.pre.data(), x.data());
         be_.rms_norm(x.data(), R, dim, lw.ffn_norm.data, float(hp.norm_eps), x.data(), true);
         const matmul_job mixF_job = mixF.job(env, H, R, lw.hc_ffn_fn);  // batched with the router
-        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}); !st) {
+        const layer_weights* next = L + 1 < hp.n_layers ? &w_.layers[size_t(L + 1)] : nullptr;
+        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}, next); !st) {
             restore();
             return st;
         }

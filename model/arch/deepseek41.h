@@ -87,6 +87,9 @@ class expert_source {
     // How many experts the model may hold (got, not yet released) at once; the model works
     // through a layer's experts in groups of this size.
     virtual int64_t max_held() const { return INT64_MAX; }
+    // A cheap prediction: these experts of a later layer will probably be needed soon (ascending).
+    // Sources may start reading them at a lower priority than demands; ignoring it is correct.
+    virtual void hint(int layer, std::span<const int32_t> experts) { (void)layer, (void)experts; }
 };
 
 // ---- engram rows -------------------------------------------------------------------------------
@@ -186,6 +189,9 @@ struct model_options {
     bool act_quant = false;
     // Where engram rows come from; null: straight from the weights' tables (memory mapped).
     engram_source* engram = nullptr;
+    // Look-ahead: layer L+1's router applied to layer L's FFN input predicts L+1's experts, sent
+    // to the expert source as a hint while layer L computes. Changes I/O only, never results.
+    bool lookahead = false;
 };
 
 struct draft_output {

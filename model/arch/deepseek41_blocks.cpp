@@ -110,7 +110,8 @@ void top_k(const float* v, int n, int k, int32_t* out) {
 }  // namespace
 
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra) {
+           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra,
+           const layer_weights* next) {
     const auto& hp = e.hp;
     const int64_t n = rows.n(), dim = hp.dim;
     // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip
@@ -127,11 +128,16 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     const int64_t sinter = lw.gate_shexp.rows;
     std::vector<float> scores(static_cast<size_t>(n * n_experts)), biased(static_cast<size_t>(n_experts));
     std::vector<float> shared_g(static_cast<size_t>(n * sinter)), shared_u(static_cast<size_t>(n * sinter));
+    std::vector<float> ahead;  // the next layer's router on this input (look-ahead)
     {
         std::vector<matmul_job> first{{lw.gate_inp, x, dim, n, scores.data(), n_experts, false},
                                       {lw.gate_shexp, xe, dim, n, shared_g.data(), sinter, true},
                                       {lw.up_shexp, xe, dim, n, shared_u.data(), sinter, true}};
         first.insert(first.end(), extra.begin(), extra.end());
+        if (next && e.opts.lookahead) {
+            ahead.resize(size_t(n * n_experts));
+            first.push_back({next->gate_inp, x, dim, n, ahead.data(), n_experts, false});
+        }
         e.be.matmul_batch(first);
     }
     // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
@@ -164,6 +170,17 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     std::sort(needed.begin(), needed.end());
     needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
     e.experts.need(layer, needed);
+    if (!ahead.empty()) {
+        std::vector<int32_t> predicted(static_cast<size_t>(n * n_active));
+        for (int64_t r = 0; r < n; ++r) {
+            float* s = ahead.data() + r * n_experts;
+            for (int i = 0; i < n_experts; ++i) s[i] = std::sqrt(softplus(s[i])) + next->exp_probs_b[i];
+            top_k(s, n_experts, n_active, predicted.data() + r * n_active);
+        }
+        std::sort(predicted.begin(), predicted.end());
+        predicted.erase(std::unique(predicted.begin(), predicted.end()), predicted.end());
+        e.experts.hint(layer + 1, predicted);
+    }
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets
     // the model hold at once (all of them when everything is resident), and each group's gate/up

@@ -51,8 +51,10 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
                         std::vector<float>& out);
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
 // `extra` matmuls (independent of the MoE) join the router's parallel step.
+// `next`: the following layer, whose router predicts its experts when opts.lookahead is on.
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {});
+           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
+           const layer_weights* next = nullptr);
 
 // Row `token` of an embedding-like table as floats.
 void embedding_row(const weight_view& table, int32_t token, float* out);
