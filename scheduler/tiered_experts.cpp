@@ -134,6 +134,7 @@ dsv41::expert_weights tiered_experts::views(const layout& l, const std::byte* ba
 bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& batch) {
     auto grant = host_->begin_load(key);
     if (!grant) return false;  // every host slot pinned or loading: later
+    if (grant->evicted) hint_started_.erase(*grant->evicted);  // a prediction evicted unused: wasted
     const int layer = int(storage::key_layer(key));
     const int32_t expert = int32_t(storage::key_expert(key));
     const layout& l = layout_of(layer, expert);
@@ -153,6 +154,7 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
         std::lock_guard lock(mu_);
         ++step_;
         hinted_.clear();  // predictions for this layer are now facts; older ones are stale
+        failed_.clear();  // a new demand retries what failed before (nothing was cached from it)
         for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
             it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
         // Pins of the previous need() that no get() took over (a forward that stopped early).
@@ -222,6 +224,15 @@ void tiered_experts::submit_hints() {
         for (expert_key key : hinted_) {
             if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
             if (host_->lookup(key).state != storage::residency::absent) continue;
+            // A prediction may take a free slot or evict an expert of another layer, never one of
+            // the layer being computed (it may still be demanded) or of the predicted layer.
+            if (host_->resident_count() + host_->loading_count() == host_->slot_count()) {
+                const auto victim = host_->policy().victim();
+                if (!victim) break;
+                const auto vk = host_->key_in(*victim);
+                const uint32_t target = storage::key_layer(key), held = vk ? storage::key_layer(*vk) : target;
+                if (held == target || held + 1 == target) break;
+            }
             if (!start_read(key, batch)) break;
             ++counters_.hint_reads;
             hint_started_.insert(key);
@@ -290,6 +301,7 @@ bool tiered_experts::promote(expert_key key) {
         const expert_key v = *grant->evicted;
         const layout& vl = layout_of(int(storage::key_layer(v)), int32_t(storage::key_expert(v)));
         auto hg = host_->begin_load(v);
+        if (hg && hg->evicted) hint_started_.erase(*hg->evicted);
         if (hg) {
             copy_parts(vl, device_slot(grant->slot), false, host_slot(hg->slot), true);
             host_->finish_load(v, true);
