@@ -224,14 +224,16 @@ void tiered_experts::submit_hints() {
         for (expert_key key : hinted_) {
             if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
             if (host_->lookup(key).state != storage::residency::absent) continue;
-            // A prediction may take a free slot or evict an expert of another layer, never one of
-            // the layer being computed (it may still be demanded) or of the predicted layer.
+            // A prediction may take a free slot or evict anything but an expert of the layer being
+            // computed (it may still be demanded) or another predicted one. (With layers visited
+            // in a cycle, LRU's victim is usually an old expert of the predicted layer itself.)
             if (host_->resident_count() + host_->loading_count() == host_->slot_count()) {
                 const auto victim = host_->policy().victim();
                 if (!victim) break;
                 const auto vk = host_->key_in(*victim);
-                const uint32_t target = storage::key_layer(key), held = vk ? storage::key_layer(*vk) : target;
-                if (held == target || held + 1 == target) break;
+                if (!vk || storage::key_layer(*vk) + 1 == storage::key_layer(key) ||
+                    std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
+                    break;
             }
             if (!start_read(key, batch)) break;
             ++counters_.hint_reads;

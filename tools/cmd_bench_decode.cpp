@@ -43,6 +43,7 @@ class routing_stats final : public dsv41::expert_source {
     result<dsv41::expert_weights> get(int layer, int32_t e) override { return inner_.get(layer, e); }
     void release(int layer, int32_t e) override { inner_.release(layer, e); }
     int64_t max_held() const override { return inner_.max_held(); }
+    void hint(int layer, std::span<const int32_t> ids) override { inner_.hint(layer, ids); }
     // Call after each decode step.
     void end_step() {
         new_per_step_.push_back(new_this_step_);
