@@ -138,7 +138,7 @@ bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& b
     const int layer = int(storage::key_layer(key));
     const int32_t expert = int32_t(storage::key_expert(key));
     const layout& l = layout_of(layer, expert);
-    loading_[key] = load_state{3, false, {}};
+    loading_[key] = load_state{3, false, {}, generation_};
     for (int p = 0; p < 3; ++p) {
         io::read_request r = l.parts[p].where;
         r.dst = host_slot(grant->slot) + host_part_[p];
@@ -154,7 +154,9 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
         std::lock_guard lock(mu_);
         ++step_;
         hinted_.clear();  // predictions for this layer are now facts; older ones are stale
+        ++generation_;
         failed_.clear();  // a new demand retries what failed before (nothing was cached from it)
+        joined_.clear();
         for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
             it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
         // Pins of the previous need() that no get() took over (a forward that stopped early).
@@ -265,7 +267,7 @@ void tiered_experts::on_read(uint64_t tag, const status& st) {
         host_->finish_load(key, !ls.failed);
         if (ls.failed) {
             ++counters_.read_errors;
-            failed_[key] = ls.error;
+            failed_[key] = {ls.generation, ls.error};
         } else {
             ++counters_.disk_reads;
             const layout& l = layout_of(layer, expert);
@@ -321,81 +323,119 @@ bool tiered_experts::promote(expert_key key) {
 }
 
 result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
-    const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    auto r = acquire_ready(layer, std::span<const int32_t>(&expert, 1), 1);
+    if (!r) return r.err();
+    return r->front().second;
+}
+
+// Under the lock: takes `key` when it is resident in either tier (promoting it from the host),
+// pinned for the model. nullopt when it is loading, absent, or no device slot is free now.
+std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key key) {
+    const int layer = int(storage::key_layer(key));
+    const int32_t expert = int32_t(storage::key_expert(key));
     const layout& l = layout_of(layer, expert);
-    std::unique_lock lock(mu_);
-    ++counters_.demands;
-    bool counted = false, waited = false;
-    if (auto h = hint_started_.find(key); h != hint_started_.end()) {
-        ++counters_.hint_used;
-        hint_started_.erase(h);
-    }
-    auto note = [&](uint64_t& c) {
-        if (!counted) ++c, counted = true;
-    };
-    const auto t0 = std::chrono::steady_clock::now();
-    auto finish = [&](dsv41::expert_weights w) -> result<dsv41::expert_weights> {
-        if (waited) counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return w;
-    };
-    for (;;) {
-        if (device_) {
-            const auto d = device_->lookup(key);
-            if (d.state == storage::residency::resident) {
-                note(counters_.device_hits);
-                device_->touch(key, step_);
-                device_->pin(key);
-                return finish(views(l, device_slot(d.slot), false));
-            }
+    if (device_) {
+        const auto d = device_->lookup(key);
+        if (d.state == storage::residency::resident) {
+            ++counters_.device_hits;
+            device_->touch(key, step_);
+            device_->pin(key);
+            return views(l, device_slot(d.slot), false);
         }
-        const auto h = host_->lookup(key);
-        if (h.state == storage::residency::resident) {
-            note(counters_.host_hits);
-            host_->touch(key, step_);
-            // Take over need()'s pin when there is one, else pin now.
-            if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end())
-                need_pins_.erase(it);
-            else
-                host_->pin(key);
-            if (!device_) return finish(views(l, host_slot(h.slot), true));
-            if (promote(key)) {
-                device_->pin(key);
-                device_->touch(key, step_);
-                return finish(views(l, device_slot(device_->lookup(key).slot), false));
+    }
+    const auto h = host_->lookup(key);
+    if (h.state != storage::residency::resident) return std::nullopt;
+    host_->touch(key, step_);
+    // Take over need()'s pin when there is one, else pin now.
+    if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end())
+        need_pins_.erase(it);
+    else
+        host_->pin(key);
+    if (!device_) {
+        ++counters_.host_hits;
+        return views(l, host_slot(h.slot), true);
+    }
+    if (!promote(key)) {  // every device slot held: keep need()'s protection, try again later
+        need_pins_.push_back(key);
+        return std::nullopt;
+    }
+    ++counters_.host_hits;
+    device_->pin(key);
+    device_->touch(key, step_);
+    return views(l, device_slot(device_->lookup(key).slot), false);
+}
+
+result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::acquire_ready(
+    int layer, std::span<const int32_t> pending, int64_t max) {
+    MS_ASSERT(!pending.empty() && max >= 1);
+    std::vector<std::pair<int32_t, dsv41::expert_weights>> out;
+    std::unique_lock lock(mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    bool waited = false;
+    for (;;) {
+        std::vector<io::read_request> batch;
+        for (int32_t expert : pending) {
+            if (int64_t(out.size()) == max) break;
+            if (std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == expert; })) continue;
+            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+            if (auto w = take_if_resident(key)) {
+                ++counters_.demands;
+                if (auto h = hint_started_.find(key); h != hint_started_.end()) {
+                    ++counters_.hint_used;
+                    hint_started_.erase(h);
+                }
+                out.emplace_back(expert, *w);
+                continue;
             }
-            host_->unpin(key);
-        } else if (h.state == storage::residency::loading) {
-            if (!counted) ++counters_.joins;
-            counted = true;
-        } else {
-            if (auto f = failed_.find(key); f != failed_.end()) {
-                std::string msg = f->second;
+            const auto state = host_->lookup(key).state;
+            if (state == storage::residency::loading) {
+                if (joined_.insert(key).second) ++counters_.joins;  // once per expert and layer
+                continue;
+            }
+            if (state != storage::residency::absent) continue;  // resident, waiting for a device slot
+            if (auto f = failed_.find(key); f != failed_.end() && f->second.first == generation_) {
+                std::string msg = f->second.second;
                 failed_.erase(f);
                 // A file replaced under us is the likeliest cause of a read error: say so.
                 if (auto changed = m_.verify_unchanged(); !changed) msg += "; " + changed.message();
+                for (auto& [held, unused] : out) release_locked(layer, held);
                 return make_error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
                                   " could not be read: " + msg);
             }
-            std::vector<io::read_request> batch;
+            // Pinned like need()'s reads, so nothing evicts it before it is taken. When no host slot
+            // is free it is retried after the next change.
             if (start_read(key, batch)) {
-                lock.unlock();
-                if (opts_.remap_sync) remap_sync_reads(batch);
-                else reader_->submit(batch);
-                lock.lock();
-                continue;
+                host_->pin(key);
+                need_pins_.push_back(key);
             }
+        }
+        if (!batch.empty()) {
+            lock.unlock();
+            if (opts_.remap_sync) remap_sync_reads(batch);
+            else reader_->submit(batch);
+            lock.lock();
+            continue;  // (remap-sync reads have landed; io_uring ones may have)
+        }
+        if (!out.empty()) {
+            if (waited)
+                counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            return out;
         }
         waited = true;
         changed_.wait(lock);
     }
 }
 
-void tiered_experts::release(int layer, int32_t expert) {
+void tiered_experts::release_locked(int layer, int32_t expert) {
     const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    if (device_) device_->unpin(key);
+    else host_->unpin(key);
+}
+
+void tiered_experts::release(int layer, int32_t expert) {
     {
         std::lock_guard lock(mu_);
-        if (device_) device_->unpin(key);
-        else host_->unpin(key);
+        release_locked(layer, expert);
     }
     changed_.notify_all();
 }

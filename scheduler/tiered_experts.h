@@ -20,6 +20,7 @@
 #include <condition_variable>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,9 @@ class tiered_experts final : public dsv41::expert_source {
     void need(int layer, std::span<const int32_t> experts) override;
     result<dsv41::expert_weights> get(int layer, int32_t expert) override;
     void release(int layer, int32_t expert) override;
+    result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> acquire_ready(int layer,
+                                                                                std::span<const int32_t> pending,
+                                                                                int64_t max) override;
     int64_t max_held() const override { return max_held_; }
     // Look-ahead reads go out only while no demand chunk is waiting in the reader's queue, so a
     // prediction never delays a demand; a demand for a hinted expert joins its read.
@@ -98,6 +102,7 @@ class tiered_experts final : public dsv41::expert_source {
         int parts_left = 0;
         bool failed = false;
         std::string error;
+        uint64_t generation = 0;  // need() count when the read started
     };
 
     tiered_experts(const loaded_model& m, tier_options opts);
@@ -109,6 +114,8 @@ class tiered_experts final : public dsv41::expert_source {
     std::byte* host_slot(storage::slot_id s) const { return host_buf_.data() + size_t(s) * host_slot_bytes_; }
     std::byte* device_slot(storage::slot_id s) const { return device_buf_.data() + size_t(s) * device_slot_bytes_; }
     void on_read(uint64_t tag, const status& st);
+    std::optional<dsv41::expert_weights> take_if_resident(storage::expert_key key);
+    void release_locked(int layer, int32_t expert);
     // Under the lock: host -> device (the device victim moves down); false when no device slot
     // can be had now.
     bool promote(storage::expert_key key);
@@ -134,12 +141,16 @@ class tiered_experts final : public dsv41::expert_source {
     std::condition_variable changed_;
     std::unique_ptr<storage::expert_cache> host_, device_;
     std::map<storage::expert_key, load_state> loading_;
-    std::map<storage::expert_key, std::string> failed_;  // read errors not yet reported to a get()
+    // Read errors not yet reported, with the need() generation of their read: a failure from an
+    // older forward (that already failed) is not reported again, its expert is read again.
+    std::map<storage::expert_key, std::pair<uint64_t, std::string>> failed_;
+    uint64_t generation_ = 0;
     // Host pins taken by need() for experts the model is about to get (so a demotion or another
     // read cannot evict them first); get() takes them over.
     std::vector<storage::expert_key> need_pins_;
     std::vector<storage::expert_key> hinted_;          // predicted, not yet read (newest layer only)
     std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
+    std::set<storage::expert_key> joined_;             // demanded while loading, this layer
     void submit_hints();                               // takes the lock; call without it
     uint64_t step_ = 0;
     tier_counters counters_;

@@ -82,6 +82,25 @@ class expert_source {
     virtual void need(int layer, std::span<const int32_t> experts) = 0;
     // Weights of one announced expert, valid until release(). May block until it is resident.
     virtual result<expert_weights> get(int layer, int32_t expert) = 0;
+    // Some of `pending` (announced, not yet got) that are resident now, at least one (blocking
+    // until one is) and at most `max`, each as get() would return it (to be released). The model
+    // computes whatever is ready while the rest is still arriving; its reduction order is fixed,
+    // so the answer's order and grouping never change results. Default: get() of the first `max`
+    // in order (right for sources where everything is resident).
+    virtual result<std::vector<std::pair<int32_t, expert_weights>>> acquire_ready(int layer,
+                                                                                 std::span<const int32_t> pending,
+                                                                                 int64_t max) {
+        std::vector<std::pair<int32_t, expert_weights>> out;
+        for (int32_t id : pending.first(size_t(std::min<int64_t>(max, int64_t(pending.size()))))) {
+            auto w = get(layer, id);
+            if (!w) {
+                for (auto& [held, unused] : out) release(layer, held);
+                return w.err();
+            }
+            out.emplace_back(id, *w);
+        }
+        return out;
+    }
     // The model is done with an expert it got (a cache may now evict it).
     virtual void release(int layer, int32_t expert) { (void)layer, (void)expert; }
     // How many experts the model may hold (got, not yet released) at once; the model works

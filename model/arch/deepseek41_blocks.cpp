@@ -211,30 +211,41 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     shared.g = std::move(shared_g);  // computed with the router
     shared.u = std::move(shared_u);
     shared.y.resize(size_t(n * dim));
-    const size_t group = size_t(std::max<int64_t>(1, std::min<int64_t>(e.experts.max_held(), int64_t(needed.size()) + 1)));
+    // Experts are computed as they become resident (expert-granular overlap with the reads of the
+    // others), in groups of what is ready; the shared expert joins the first group.
+    const int64_t cap = std::max<int64_t>(1, e.experts.max_held());
+    std::vector<int32_t> pending(needed);
+    std::vector<size_t> group;
     std::vector<matmul_job> jobs;
-    for (size_t first = 0; first < work.size(); first += group) {
-        const size_t last = std::min(work.size(), first + group);
+    bool shared_done = false;
+    while (!pending.empty() || !shared_done) {
+        group.clear();
         jobs.clear();
-        for (size_t k = first; k < last; ++k) {
-            auto& ex = work[k];
-            if (k + 1 == work.size()) continue;  // the shared expert's gate/up are done
-            auto ew = e.experts.get(layer, needed[k]);
-            if (!ew) {
-                for (size_t j = first; j < k; ++j) e.experts.release(layer, needed[j]);
-                return ew.err();
+        if (!pending.empty()) {
+            auto ready = e.experts.acquire_ready(layer, pending, cap);
+            if (!ready) return ready.err();
+            for (auto& [id, ew] : *ready) {
+                const size_t k = size_t(std::lower_bound(needed.begin(), needed.end(), id) - needed.begin());
+                MS_ASSERT(k < needed.size() && needed[k] == id);
+                auto& ex = work[k];
+                ex.ew = ew;
+                const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
+                ex.g.resize(size_t(m * in));
+                ex.u.resize(size_t(m * in));
+                ex.y.resize(size_t(m * dim));
+                jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
+                jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+                group.push_back(k);
+                pending.erase(std::find(pending.begin(), pending.end(), id));
             }
-            ex.ew = *ew;
-            const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
-            ex.g.resize(size_t(m * in));
-            ex.u.resize(size_t(m * in));
-            ex.y.resize(size_t(m * dim));
-            jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
-            jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+            e.be.matmul_batch(jobs);
+            jobs.clear();
         }
-        e.be.matmul_batch(jobs);
-        jobs.clear();
-        for (size_t k = first; k < last; ++k) {
+        if (!shared_done) {
+            group.push_back(work.size() - 1);  // its gate/up ran with the router
+            shared_done = true;
+        }
+        for (size_t k : group) {
             auto& ex = work[k];
             const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
             e.be.swiglu(ex.g.data(), ex.u.data(), m, in, float(hp.swiglu_limit), k + 1 < work.size() ? ex.w.data() : nullptr);
@@ -242,7 +253,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
             jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
         }
         e.be.matmul_batch(jobs);
-        for (size_t k = first; k < last; ++k)
+        for (size_t k : group)
             if (k + 1 < work.size()) e.experts.release(layer, needed[k]);
     }
     std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
