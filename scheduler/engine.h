@@ -1,0 +1,104 @@
+// The generation engine: continuous batching of many requests over one model, driven by a C++20
+// coroutine on Boost.Asio. One strand owns the scheduling state (waiting queue, active sequences,
+// samplers); each step gathers every active sequence's next rows (a prefill chunk or one decode
+// token) into one forward, which runs on the compute thread (it blocks on expert reads there) and
+// is awaited from the strand; then every sequence samples its token and the tokens are delivered
+// through per-request channels. A forward's rows are bit-identical to running each sequence
+// alone (see the exactness suite), so batching never changes anyone's tokens.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/experimental/concurrent_channel.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "model/sampler.h"
+
+namespace moestream {
+
+struct generation_request {
+    std::vector<int32_t> prompt;
+    sampling_params sampling;  // temperature 0: greedy
+    int64_t max_tokens = 128;
+    std::vector<int32_t> stop_tokens;  // end of generation (e.g. the tokenizer's EOS); not emitted
+};
+
+// One message on a request's channel. The last one has done = true.
+struct token_event {
+    int32_t token = -1;  // -1 on the final event
+    double logprob = 0;
+    bool done = false;
+    std::string finish_reason;  // "stop", "length", "cancelled", "context", or "error: ..."
+    int64_t prompt_tokens = 0;
+    int64_t completion_tokens = 0;
+};
+
+class generation {
+  public:
+    using channel = boost::asio::experimental::concurrent_channel<void(boost::system::error_code, token_event)>;
+    generation(boost::asio::any_io_executor ex, size_t capacity) : events_(ex, capacity) {}
+    // Token events in order; receive with async_receive (awaitable) or try_receive.
+    channel& events() { return events_; }
+    // Stops the generation at the next step; a final "cancelled" event follows.
+    void cancel() { cancelled_ = true; }
+    bool cancelled() const { return cancelled_; }
+
+  private:
+    channel events_;
+    std::atomic<bool> cancelled_{false};
+};
+
+struct engine_options {
+    int64_t max_sequences = 8;        // sequences decoded together
+    int64_t max_waiting = 64;         // queued requests beyond that (submit() refuses more)
+    int64_t prefill_chunk = 256;      // prompt tokens per sequence per step
+    int64_t context_tokens = 8192;    // per sequence
+};
+
+struct engine_stats {
+    int64_t running = 0, waiting = 0;
+    uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, requests_done = 0;
+};
+
+class engine {
+  public:
+    // The model (and what it streams from) must outlive the engine.
+    engine(dsv41::model& model, engine_options opts);
+    ~engine();  // cancels everything, delivers final events, joins the threads
+    engine(const engine&) = delete;
+    engine& operator=(const engine&) = delete;
+
+    // Queues a request. Errors: invalid request (empty prompt, bad token id, sampling values,
+    // prompt longer than the context) or the wait queue is full.
+    result<std::shared_ptr<generation>> submit(generation_request req);
+    engine_stats stats() const;
+    boost::asio::any_io_executor executor() { return io_.get_executor(); }
+
+  private:
+    struct active;
+    boost::asio::awaitable<void> step_loop();
+
+    dsv41::model& model_;
+    engine_options opts_;
+    boost::asio::io_context io_;
+    boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+    boost::asio::thread_pool compute_{1};  // forwards run here: they block on expert reads
+    boost::asio::steady_timer wake_;       // the step loop sleeps on it while nothing is queued
+    std::vector<std::unique_ptr<active>> waiting_, running_;  // strand-owned
+    std::atomic<bool> stopping_{false};
+    mutable std::mutex stats_mu_;
+    engine_stats stats_;
+    std::thread io_thread_;
+};
+
+}  // namespace moestream
