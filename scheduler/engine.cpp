@@ -147,16 +147,20 @@ asio::awaitable<void> engine::step_loop() {
             std::lock_guard lock(stats_mu_);
             ++stats_.steps;
         }
+        // A failed forward changed no sequence. The cause may concern only some of them (an
+        // expert only one of them routed to could not be read): run each alone once, so only
+        // the requests that hit the fault fail.
+        std::vector<std::string> failed(running_.size());
         if (!st) {
-            // The forward changed no sequence; fail the requests in it (a request-specific cause,
-            // e.g. an expert read error, fails all of them: they needed it together).
-            for (auto& a : running_) finish(*a, "error: " + st.message());
-            {
-                std::lock_guard lock(stats_mu_);
-                stats_.requests_done += running_.size();
+            logits.assign(running_.size() * size_t(hp.vocab), 0.0f);
+            for (size_t i = 0; i < running_.size(); ++i) {
+                std::vector<float> one;
+                const status st1 = co_await asio::co_spawn(
+                    compute_, [&]() -> asio::awaitable<status> { co_return model_.forward({&items[i], 1}, one); },
+                    asio::use_awaitable);
+                if (!st1) failed[i] = st1.message();
+                else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(i * size_t(hp.vocab)));
             }
-            running_.clear();
-            continue;
         }
         std::vector<std::unique_ptr<active>> still_running;
         for (size_t i = 0; i < running_.size(); ++i) {  // row i of the logits is running_[i]'s
@@ -164,6 +168,12 @@ asio::awaitable<void> engine::step_loop() {
             std::span<const float> row(logits.data() + i * size_t(hp.vocab), size_t(hp.vocab));
             bool done = false;
             std::string reason;
+            if (!failed[i].empty()) {
+                finish(a, "error: " + failed[i]);
+                std::lock_guard lock(stats_mu_);
+                ++stats_.requests_done;
+                continue;
+            }
             if (fed[i] > 0) {
                 a.prompt_done += fed[i];
                 std::lock_guard lock(stats_mu_);

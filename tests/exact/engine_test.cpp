@@ -3,6 +3,7 @@
 // stop tokens, the wait-queue limit and bad requests behave.
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "../common/test_support.h"
@@ -163,6 +164,56 @@ BOOST_AUTO_TEST_CASE(cancel_stop_tokens_and_limits, *needs()) {
     bad.sampling.top_p = 0;
     BOOST_TEST(!eng.submit(bad).ok());
     BOOST_TEST(!eng.submit(greedy_request(std::vector<int32_t>(300, 1), 5)).ok());  // beyond the context
+}
+
+// Which experts of a layer a greedy generation routes to.
+struct recording_source final : dsv41::expert_source {
+    dsv41::expert_source& inner;
+    int layer;
+    std::set<int32_t> seen;
+    recording_source(dsv41::expert_source& i, int l) : inner(i), layer(l) {}
+    void need(int l, std::span<const int32_t> ids) override {
+        if (l == layer) seen.insert(ids.begin(), ids.end());
+        inner.need(l, ids);
+    }
+    result<dsv41::expert_weights> get(int l, int32_t e) override { return inner.get(l, e); }
+};
+
+// An expert read that keeps failing fails only the request that routes to it.
+BOOST_AUTO_TEST_CASE(a_failing_expert_fails_only_its_request, *needs()) {
+    auto& m = fixture(kFx);
+    const auto ps = prompts();
+    const auto& a_prompt = ps[2];  // 40 tokens
+    const auto& b_prompt = ps[3];
+    auto used = [&](const std::vector<int32_t>& p) {
+        recording_source rec(*m.experts, 5);
+        dsv41::model mdl(m.hp(), m.files->weights, nullptr, rec, *m.backend);
+        engine eng(mdl, {1, 4, 256, 256});
+        collect(**eng.submit(greedy_request(p, 8)));
+        return rec.seen;
+    };
+    const auto a_used = used(a_prompt), b_used = used(b_prompt);
+    int32_t victim = -1;
+    for (int32_t e : a_used)
+        if (!b_used.count(e)) victim = e;
+    BOOST_TEST_REQUIRE(victim >= 0, "no layer-5 expert used by one prompt only");
+    tier_options o;
+    o.host_bytes = 1 << 24;
+    o.inject_read_error = [victim](int layer, int32_t e) { return layer == 5 && e == victim; };
+    auto tiers = tiered_experts::create(*m.files, o);
+    if (!tiers) {
+        BOOST_TEST_MESSAGE("skipped: " << tiers.message());
+        return;
+    }
+    dsv41::model mdl(m.hp(), m.files->weights, nullptr, **tiers, *m.backend);
+    engine eng(mdl, {4, 8, 256, 256});
+    auto ga = eng.submit(greedy_request(a_prompt, 8));
+    auto gb = eng.submit(greedy_request(b_prompt, 8));
+    BOOST_TEST_REQUIRE((ga.ok() && gb.ok()));
+    const auto oa = collect(**ga), ob = collect(**gb);
+    BOOST_TEST(oa.reason.find("of layer 5 could not be read: injected read error") != std::string::npos, oa.reason);
+    BOOST_TEST(ob.reason == "length");
+    BOOST_TEST(ob.tokens == greedy_alone(m, b_prompt, 8));
 }
 
 // Destroying the engine with requests in flight delivers their final events.
