@@ -216,12 +216,16 @@ std::vector<int32_t> token_topics(const std::vector<std::string>& token_text, in
     return out;
 }
 
+int64_t semantic_dims(const dsv41::hparams& hp) {
+    return std::max<int64_t>(1, std::min({hp.dim / 4, hp.o_lora_rank, hp.head_dim - hp.rope_dim}));
+}
+
 std::vector<float> topic_direction(const forge_context& ctx, int topic) {
-    const int64_t d = ctx.hp.dim;
+    const int64_t d = ctx.hp.dim, sd = semantic_dims(ctx.hp);
     auto base = [&](int k) {
-        std::vector<float> v(static_cast<size_t>(d));
+        std::vector<float> v(static_cast<size_t>(d), 0.0f);
         rng r{stream_key(ctx.seed, "topic-direction", uint64_t(k % ctx.routing.topics))};
-        for (auto& x : v) x = r.normal();
+        for (int64_t i = 0; i < sd; ++i) v[size_t(i)] = r.normal();
         return v;
     };
     auto v = base(topic);
@@ -235,6 +239,49 @@ std::vector<float> topic_direction(const forge_context& ctx, int topic) {
     for (auto& x : v) x *= inv;
     return v;
 }
+
+namespace {
+
+struct context_plan {
+    int64_t sd = 0;        // semantic coordinates [0, sd)
+    int64_t anchor = 0;    // the embedding's constant coordinate
+    int64_t pair_dim = 0;  // within a head: first element of the RoPE pair that carries recency
+    float q_weight = 0, k_weight = 0, out_weight = 0;
+};
+
+context_plan plan_context(const forge_context& ctx) {
+    const auto& hp = ctx.hp;
+    const auto& rs = ctx.routing;
+    context_plan c;
+    c.sd = semantic_dims(hp);
+    c.anchor = c.sd;
+    // The fastest RoPE pair whose angle stays within pi over the window: the kernel
+    // exp(A (cos(f D) - 1)) then decreases monotonically with the distance D.
+    const int64_t pairs = hp.rope_dim / 2;
+    int64_t ip = pairs - 1;
+    double f = 0;
+    for (int64_t i = 0; i < pairs; ++i) {
+        f = 1.0 / std::pow(hp.rope_theta, double(2 * i) / double(hp.rope_dim));
+        if (f * double(hp.window) <= M_PI) {
+            ip = i;
+            break;
+        }
+    }
+    c.pair_dim = hp.head_dim - hp.rope_dim + 2 * ip;
+    const double span = std::min(rs.context_span, 0.5 * double(hp.window));
+    const double A = 1.0 / (f * span * f * span);  // kernel ~ exp(-D^2 / (2 span^2)) near 0
+    // Normalised layer-0 input: semantic part of norm S (topic + noise), anchor ~1. The key's
+    // pair element is scaled to S so that after kv's RMS norm both halves have sqrt(head_dim/2).
+    const double a2 = rs.topic_share, b2 = 1.0 - rs.topic_share;
+    const double S = std::sqrt(a2 * double(hp.dim) + b2 * double(c.sd));
+    c.k_weight = float(S);
+    // q = q_weight * sqrt(q_lora_rank) on the pair, k = sqrt(head_dim / 2): score = A cos(f D).
+    c.q_weight = float(A * std::sqrt(double(hp.head_dim)) / (std::sqrt(double(hp.q_lora_rank)) * std::sqrt(0.5 * double(hp.head_dim))));
+    c.out_weight = float(rs.context_gain * std::sqrt(double(hp.dim)) / (double(hp.o_groups) * std::sqrt(0.5 * double(hp.head_dim))));
+    return c;
+}
+
+}  // namespace
 
 void fill_tensor(const forge_context& ctx, const dsv41::tensor_spec& s, std::span<std::byte> out) {
     const auto& hp = ctx.hp;
@@ -305,13 +352,59 @@ void fill_tensor(const forge_context& ctx, const dsv41::tensor_spec& s, std::spa
                 row[size_t(i)] = float(rs.topic_gain * u[size_t(i)] + rs.router_noise * inv_sqrt_d * r.normal());
         });
     }
+    if (s.name == "output.weight") {
+        // LM head: the topic direction of each token (continuity) plus a token-specific part
+        // outside the semantic coordinates, so greedy generation continues on the current topic
+        // (or a neighbouring one) with a token that depends on the whole hidden state.
+        const int64_t sd = semantic_dims(hp);
+        const double sigma = 1.0 / std::sqrt(double(in));
+        return fill_rows(ctx, s, out, [&](int64_t tok, std::span<float> row, rng& r) {
+            const auto& u = ctx.topic_dirs[size_t(ctx.topic_of_token[size_t(tok)])];
+            for (int64_t i = 0; i < sd; ++i) row[size_t(i)] = float(rs.continuity * sigma * std::sqrt(double(in)) * u[size_t(i)]);
+            for (int64_t i = sd; i < in; ++i) row[size_t(i)] = float(sigma * r.normal());
+        });
+    }
     if (s.name == "token_embd.weight") {
         const double a = std::sqrt(rs.topic_share), b = std::sqrt(1.0 - rs.topic_share);
         const double sqrt_d = std::sqrt(double(in));
+        const int64_t anchor = semantic_dims(hp);
         return fill_rows(ctx, s, out, [&](int64_t tok, std::span<float> row, rng& r) {
             const auto& u = ctx.topic_dirs[size_t(ctx.topic_of_token[size_t(tok)])];
             for (int64_t i = 0; i < in; ++i) row[size_t(i)] = float(a * sqrt_d * u[size_t(i)] + b * r.normal());
+            if (rs.context_gain > 0) row[size_t(anchor)] = 1.0f;  // constant: layer 0's query/key anchor
         });
+    }
+    if (layer == 0 && rs.context_gain > 0) {
+        // Context: layer 0's attention. Its query is a constant (read from the anchor coordinate)
+        // on one RoPE pair, its keys carry the same constant, so the score of a key at distance
+        // D is A cos(f D): a recency kernel of width ~context_span tokens. Its values are the
+        // tokens' semantic coordinates; the output adds context_gain * sqrt(dim) * (kernel-weighted
+        // mean of the window's unit semantic vectors) to the same coordinates.
+        const context_plan c = plan_context(ctx);
+        auto sparse_rows = [&](auto weight_of) {
+            return fill_rows(ctx, s, out, [&](int64_t r, std::span<float> row, rng&) {
+                std::fill(row.begin(), row.end(), 0.0f);
+                weight_of(r, row);
+            });
+        };
+        if (ends_with(rest, "attn_q_a.weight"))
+            return sparse_rows([&](int64_t r, std::span<float> row) { if (r == 0) row[size_t(c.anchor)] = 1.0f; });
+        if (ends_with(rest, "attn_q_b.weight"))
+            return sparse_rows([&](int64_t r, std::span<float> row) { if (r % hp.head_dim == c.pair_dim) row[0] = c.q_weight; });
+        if (ends_with(rest, "attn_kv.weight"))
+            return sparse_rows([&](int64_t r, std::span<float> row) {
+                if (r < c.sd) row[size_t(r)] = 1.0f;
+                if (r == c.pair_dim) row[size_t(c.anchor)] = c.k_weight;
+            });
+        if (ends_with(rest, "attn_output_a.weight"))  // group g's first head -> its low-rank block
+            return sparse_rows([&](int64_t r, std::span<float> row) {
+                if (r % hp.o_lora_rank < c.sd) row[size_t(r % hp.o_lora_rank)] = 1.0f;
+            });
+        if (ends_with(rest, "attn_output_b.weight"))
+            return sparse_rows([&](int64_t r, std::span<float> row) {
+                if (r < c.sd)
+                    for (int g = 0; g < hp.o_groups; ++g) row[size_t(g * hp.o_lora_rank + r)] = c.out_weight;
+            });
     }
     const bool output_proj = ends_with(rest, "attn_output_b.weight") || ends_with(rest, "ffn_down_shexp.weight");
     const bool engram_proj = ends_with(rest, "engram_wkv.weight");

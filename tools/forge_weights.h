@@ -18,12 +18,20 @@ namespace moestream::forge {
 struct routing_scheme {
     int topics = 64;              // content clusters; tokens and experts are assigned to them
     double zipf_exponent = 1.0;   // per-layer expert popularity ~ 1/rank^s, through the router bias
-    double bias_scale = 0.08;     // bias units per ln(rank) (router scores are O(1))
-    double topic_gain = 3.0;      // router logit gain along an expert's topic direction
+    double bias_scale = 0.3;      // bias units per ln(rank) (router scores are O(1))
+    double topic_gain = 0.0;      // router logit gain along an expert's topic direction
     double topic_share = 0.6;     // fraction of an embedding row's energy along its token's topic
     double neighbour_mix = 0.5;   // topic k's direction leans toward topic k+1 (related topics)
-    double router_noise = 1.0;    // std of the router rows' random part (logit units)
+    double router_noise = 3.0;    // std of the router logits' random part (logit units)
+    double continuity = 0.0;      // LM head gain along the topic directions: generation stays on topic
+    double context_gain = 4.0;    // layer 0's attention adds the recent tokens' mean semantic vector (x sqrt(dim))
+    double context_span = 15.0;   // width of that recency kernel, in tokens
 };
+
+// Topic directions live in the first semantic_dims(hp) coordinates of the hidden state (layer
+// 0's attention carries them as context); the LM head's token-specific part lives in the others
+// (so it does not pick a favourite token per topic).
+int64_t semantic_dims(const dsv41::hparams& hp);
 
 // Topic of each token: tokens whose normalised text (lower case, no leading space/Ġ) is equal
 // share a topic; digits, punctuation and CJK get their own topic families.
