@@ -59,7 +59,7 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     auto a = std::make_unique<active>();
     // The channel holds every event of the request, so a slow reader never blocks the step
     // loop; its size is bounded by max_tokens (+ the final event).
-    a->gen = std::make_shared<generation>(io_.get_executor(), size_t(std::min<int64_t>(req.max_tokens, opts_.context_tokens)) + 2);
+    a->gen = std::make_shared<generation>(channels_, size_t(std::min<int64_t>(req.max_tokens, opts_.context_tokens)) + 2);
     a->sample = std::make_unique<sampler>(req.sampling, hp.vocab);
     a->req = std::move(req);
     auto gen = a->gen;

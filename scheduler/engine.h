@@ -46,7 +46,10 @@ struct token_event {
 class generation {
   public:
     using channel = boost::asio::experimental::concurrent_channel<void(boost::system::error_code, token_event)>;
-    generation(boost::asio::any_io_executor ex, size_t capacity) : events_(ex, capacity) {}
+    // The channel's state lives in `owner`'s services, which the generation keeps alive, so a
+    // handle stays valid (with its final event) after the engine is gone.
+    generation(std::shared_ptr<boost::asio::io_context> owner, size_t capacity)
+        : owner_(std::move(owner)), events_(owner_->get_executor(), capacity) {}
     // Token events in order; receive with async_receive (awaitable) or try_receive.
     channel& events() { return events_; }
     // Stops the generation at the next step; a final "cancelled" event follows.
@@ -54,6 +57,7 @@ class generation {
     bool cancelled() const { return cancelled_; }
 
   private:
+    std::shared_ptr<boost::asio::io_context> owner_;
     channel events_;
     std::atomic<bool> cancelled_{false};
 };
@@ -91,6 +95,7 @@ class engine {
     dsv41::model& model_;
     engine_options opts_;
     boost::asio::io_context io_;
+    std::shared_ptr<boost::asio::io_context> channels_ = std::make_shared<boost::asio::io_context>();
     boost::asio::strand<boost::asio::io_context::executor_type> strand_;
     boost::asio::thread_pool compute_{1};  // forwards run here: they block on expert reads
     boost::asio::steady_timer wake_;       // the step loop sleeps on it while nothing is queued
