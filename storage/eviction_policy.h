@@ -81,36 +81,35 @@ private:
     std::set<std::tuple<uint64_t, uint64_t, slot_id>> order_;
 };
 
-// Least recently used: victim = smallest last-access step. The default.
-class lru_policy final : public eviction_policy {
+// Policies that keep the evictable slots ranked and evict the first: they differ only in the
+// rank an access gives.
+class ranked_policy : public eviction_policy {
 public:
-    std::string_view name() const override { return "lru"; }
     void attach(uint32_t n_slots) override { rank_.resize(n_slots); }
-    void on_load(slot_id slot, expert_key key, uint64_t now) override;
-    void on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) override;
     void set_evictable(slot_id slot, bool e) override { rank_.set_evictable(slot, e); }
     void on_free(slot_id slot) override { rank_.clear(slot); }
     std::optional<slot_id> victim() const override { return rank_.first(); }
 
-private:
+protected:
     slot_ranking rank_;
+};
+
+// Least recently used: victim = smallest last-access step. The default.
+class lru_policy final : public ranked_policy {
+public:
+    std::string_view name() const override { return "lru"; }
+    void on_load(slot_id slot, expert_key key, uint64_t now) override;
+    void on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) override;
 };
 
 // Least frequently used, counting the accesses since the key took its slot (in-cache LFU: an
 // evicted key starts again from zero, so the tables stay bounded by the slot count and old
 // popularity cannot keep a key alive forever). Equal counts: least recently used first.
-class lfu_policy final : public eviction_policy {
+class lfu_policy final : public ranked_policy {
 public:
     std::string_view name() const override { return "lfu"; }
-    void attach(uint32_t n_slots) override { rank_.resize(n_slots); }
     void on_load(slot_id slot, expert_key key, uint64_t now) override;
     void on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) override;
-    void set_evictable(slot_id slot, bool e) override { rank_.set_evictable(slot, e); }
-    void on_free(slot_id slot) override { rank_.clear(slot); }
-    std::optional<slot_id> victim() const override { return rank_.first(); }
-
-private:
-    slot_ranking rank_;
 };
 
 // Belady's MIN, for offline replay of a recorded trace: evicts the key whose next use is
