@@ -27,10 +27,13 @@ const cli::option_spec kOptions[] = {
     {"shards", "N", "split the target into N files (name-0000K-of-0000N.gguf)"},
     {"alignment", "BYTES", "tensor data alignment (default 4096, O_DIRECT-readable)"},
     {"tokenizer-json", "PATH", "DeepSeek-V3 tokenizer.json (default: the set-up's copy in .deps/)"},
-    {"topics", "N", "routing scheme: content clusters (default 64)"},
+    {"topics", "N", "routing scheme: content clusters (default 4096)"},
     {"zipf", "S", "routing scheme: expert popularity exponent (default 1.0)"},
-    {"bias-scale", "X", "routing scheme: router bias per ln(rank) (default 0.08)"},
-    {"topic-gain", "X", "routing scheme: router gain along an expert's topic (default 3.0)"},
+    {"bias-scale", "X", "routing scheme: router bias per ln(rank) (default 0.28)"},
+    {"topic-gain", "X", "routing scheme: router gain along an expert's topic (default 0)"},
+    {"router-noise", "X", "routing scheme: std of the router logits' random part (default 3.0)"},
+    {"context-gain", "X", "routing scheme: weight of the recent tokens' context in the hidden state (default 8.0; 0: none)"},
+    {"context-span", "TOKENS", "routing scheme: width of the context's recency kernel (default 8)"},
     {"dry-run", "", "print the plan (files, sizes) and write nothing"},
 };
 
@@ -69,13 +72,22 @@ result<forge::forge_context> make_context(const dsv41::hparams& hp, uint64_t see
     auto zipf = a.get_double("zipf", ctx.routing.zipf_exponent);
     auto bias = a.get_double("bias-scale", ctx.routing.bias_scale);
     auto gain = a.get_double("topic-gain", ctx.routing.topic_gain);
+    auto noise = a.get_double("router-noise", ctx.routing.router_noise);
+    auto context_gain = a.get_double("context-gain", ctx.routing.context_gain);
+    auto span = a.get_double("context-span", ctx.routing.context_span);
     for (auto* r : {&topics}) if (!*r) return r->err();
-    for (auto* r : {&zipf, &bias, &gain}) if (!*r) return r->err();
+    for (auto* r : {&zipf, &bias, &gain, &noise, &context_gain, &span}) if (!*r) return r->err();
     if (*topics < 8 || *topics > 4096) return make_error("--topics must be between 8 and 4096");
+    if (*noise <= 0) return make_error("--router-noise must be > 0");
+    if (*context_gain < 0) return make_error("--context-gain must be >= 0");
+    if (*span < 1) return make_error("--context-span must be >= 1 token");
     ctx.routing.topics = int(*topics);
     ctx.routing.zipf_exponent = *zipf;
     ctx.routing.bias_scale = *bias;
     ctx.routing.topic_gain = *gain;
+    ctx.routing.router_noise = *noise;
+    ctx.routing.context_gain = *context_gain;
+    ctx.routing.context_span = *span;
 
     auto map = engram::token_map_from_tokenizer(*tok, hp.engram_pad_id);
     if (!map) return map.err();
@@ -102,6 +114,9 @@ void add_forge_metadata(std::vector<gguf::kv>& md, std::string_view preset, cons
     md.push_back({"moestream.forge.routing.topic_gain", value::f32(float(ctx.routing.topic_gain))});
     md.push_back({"moestream.forge.routing.topic_share", value::f32(float(ctx.routing.topic_share))});
     md.push_back({"moestream.forge.routing.neighbour_mix", value::f32(float(ctx.routing.neighbour_mix))});
+    md.push_back({"moestream.forge.routing.router_noise", value::f32(float(ctx.routing.router_noise))});
+    md.push_back({"moestream.forge.routing.context_gain", value::f32(float(ctx.routing.context_gain))});
+    md.push_back({"moestream.forge.routing.context_span", value::f32(float(ctx.routing.context_span))});
     if (!draft)  // the draft head has no engram
         md.push_back({"deepseek41.engram_compressed_vocab_size", value::u32(uint32_t(ctx.compressed_vocab))});
 }
@@ -175,6 +190,7 @@ int run(const cli::args& a) {
     if (draft_out) {
         auto dmd = draft_metadata(*hp);
         add_forge_metadata(dmd, *preset_name, *ctx, true);
+        ctx->draft = true;  // its blk.N are DSpark stages
         auto dw = write_model(*ctx, std::move(dmd), draft_specs, *draft_out, {uint64_t(*alignment), 1});
         if (!dw) return fail(kName, dw.message());
         written->insert(written->end(), dw->begin(), dw->end());

@@ -242,6 +242,11 @@ std::vector<float> topic_direction(const forge_context& ctx, int topic) {
 
 namespace {
 
+// Norm of an embedding row's semantic part: the expected one of topic + noise.
+double semantic_norm(const dsv41::hparams& hp, const routing_scheme& rs) {
+    return std::sqrt(rs.topic_share * double(hp.dim) + (1.0 - rs.topic_share) * double(semantic_dims(hp)));
+}
+
 struct context_plan {
     int64_t sd = 0;        // semantic coordinates [0, sd)
     int64_t anchor = 0;    // the embedding's constant coordinate
@@ -270,14 +275,18 @@ context_plan plan_context(const forge_context& ctx) {
     c.pair_dim = hp.head_dim - hp.rope_dim + 2 * ip;
     const double span = std::min(rs.context_span, 0.5 * double(hp.window));
     const double A = 1.0 / (f * span * f * span);  // kernel ~ exp(-D^2 / (2 span^2)) near 0
-    // Normalised layer-0 input: semantic part of norm S (topic + noise), anchor ~1. The key's
-    // pair element is scaled to S so that after kv's RMS norm both halves have sqrt(head_dim/2).
-    const double a2 = rs.topic_share, b2 = 1.0 - rs.topic_share;
-    const double S = std::sqrt(a2 * double(hp.dim) + b2 * double(c.sd));
-    c.k_weight = float(S);
-    // q = q_weight * sqrt(q_lora_rank) on the pair, k = sqrt(head_dim / 2): score = A cos(f D).
-    c.q_weight = float(A * std::sqrt(double(hp.head_dim)) / (std::sqrt(double(hp.q_lora_rank)) * std::sqrt(0.5 * double(hp.head_dim))));
-    c.out_weight = float(rs.context_gain * std::sqrt(double(hp.dim)) / (double(hp.o_groups) * std::sqrt(0.5 * double(hp.head_dim))));
+    // Layer-0 input: an embedding row, whose semantic part has norm S = semantic_norm and whose
+    // anchor is 1 (over the same RMS). The key's pair element is 4 S, so after kv's RMS norm it
+    // is the same for every token (the kernel's sharpness A must not vary with content):
+    // sqrt(head_dim) * 4/sqrt(17) and the semantic part sqrt(head_dim)/sqrt(17) * unit.
+    const double ratio = 4.0;
+    c.k_weight = float(ratio * semantic_norm(hp, rs));
+    const double hd = double(hp.head_dim), k_pair = std::sqrt(hd) * ratio / std::sqrt(1 + ratio * ratio),
+                 v_sem = std::sqrt(hd) / std::sqrt(1 + ratio * ratio);
+    // q = q_weight * sqrt(q_lora_rank) on the pair: score = q k / sqrt(head_dim) = A cos(f D).
+    c.q_weight = float(A * std::sqrt(hd) / (std::sqrt(double(hp.q_lora_rank)) * k_pair));
+    // o = v_sem * (weighted mean of unit semantic vectors) in each head; every group adds it.
+    c.out_weight = float(rs.context_gain * std::sqrt(double(hp.dim)) / (double(hp.o_groups) * v_sem));
     return c;
 }
 
@@ -353,33 +362,37 @@ void fill_tensor(const forge_context& ctx, const dsv41::tensor_spec& s, std::spa
         });
     }
     if (s.name == "output.weight") {
-        // LM head: the topic direction of each token (continuity) plus a token-specific part
-        // outside the semantic coordinates, so greedy generation continues on the current topic
-        // (or a neighbouring one) with a token that depends on the whole hidden state.
-        const int64_t sd = semantic_dims(hp);
+        // LM head: random rows over the coordinates after the anchor only (see semantic_dims).
+        const int64_t first = semantic_dims(hp) + 1;
         const double sigma = 1.0 / std::sqrt(double(in));
-        return fill_rows(ctx, s, out, [&](int64_t tok, std::span<float> row, rng& r) {
-            const auto& u = ctx.topic_dirs[size_t(ctx.topic_of_token[size_t(tok)])];
-            for (int64_t i = 0; i < sd; ++i) row[size_t(i)] = float(rs.continuity * sigma * std::sqrt(double(in)) * u[size_t(i)]);
-            for (int64_t i = sd; i < in; ++i) row[size_t(i)] = float(sigma * r.normal());
+        return fill_rows(ctx, s, out, [&](int64_t, std::span<float> row, rng& r) {
+            for (int64_t i = 0; i < in; ++i) row[size_t(i)] = i < first ? 0.0f : float(sigma * r.normal());
         });
     }
     if (s.name == "token_embd.weight") {
         const double a = std::sqrt(rs.topic_share), b = std::sqrt(1.0 - rs.topic_share);
         const double sqrt_d = std::sqrt(double(in));
-        const int64_t anchor = semantic_dims(hp);
+        const int64_t sd = semantic_dims(hp);
+        const double sem_norm = semantic_norm(hp, rs);
         return fill_rows(ctx, s, out, [&](int64_t tok, std::span<float> row, rng& r) {
             const auto& u = ctx.topic_dirs[size_t(ctx.topic_of_token[size_t(tok)])];
             for (int64_t i = 0; i < in; ++i) row[size_t(i)] = float(a * sqrt_d * u[size_t(i)] + b * r.normal());
-            if (rs.context_gain > 0) row[size_t(anchor)] = 1.0f;  // constant: layer 0's query/key anchor
+            // The semantic part gets exactly its expected norm (layer 0's keys rely on it), and
+            // the anchor is a constant that layer 0's query and keys read.
+            double n2 = 0;
+            for (int64_t i = 0; i < sd; ++i) n2 += double(row[size_t(i)]) * row[size_t(i)];
+            const double k = sem_norm / std::sqrt(std::max(n2, 1e-30));
+            for (int64_t i = 0; i < sd; ++i) row[size_t(i)] = float(row[size_t(i)] * k);
+            row[size_t(sd)] = 1.0f;
         });
     }
-    if (layer == 0 && rs.context_gain > 0) {
-        // Context: layer 0's attention. Its query is a constant (read from the anchor coordinate)
-        // on one RoPE pair, its keys carry the same constant, so the score of a key at distance
-        // D is A cos(f D): a recency kernel of width ~context_span tokens. Its values are the
-        // tokens' semantic coordinates; the output adds context_gain * sqrt(dim) * (kernel-weighted
-        // mean of the window's unit semantic vectors) to the same coordinates.
+    if (layer == 0 && !ctx.draft && rs.context_gain > 0) {
+        // Context: layer 0's attention (a sliding-window layer). Its query is a constant (read
+        // from the anchor coordinate) on one RoPE pair and its keys carry the same constant, so
+        // a key at distance D scores A cos(f D): a recency kernel ~exp(-D^2 / 2 span^2). Its
+        // values are the tokens' semantic coordinates, and the output adds context_gain *
+        // sqrt(dim) * (kernel-weighted mean of the recent tokens' unit semantic vectors) to those
+        // coordinates: consecutive tokens share most of it, so they share experts.
         const context_plan c = plan_context(ctx);
         auto sparse_rows = [&](auto weight_of) {
             return fill_rows(ctx, s, out, [&](int64_t r, std::span<float> row, rng&) {

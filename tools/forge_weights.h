@@ -15,22 +15,25 @@
 
 namespace moestream::forge {
 
+// Defaults calibrated on mini-lite against the real model's published cache statistics
+// (docs/forge.md, "Calibration").
 struct routing_scheme {
-    int topics = 64;              // content clusters; tokens and experts are assigned to them
+    int topics = 4096;            // content clusters of tokens (same normalised text, same topic)
     double zipf_exponent = 1.0;   // per-layer expert popularity ~ 1/rank^s, through the router bias
-    double bias_scale = 0.3;      // bias units per ln(rank) (router scores are O(1))
+    double bias_scale = 0.28;     // bias units per ln(rank) (router scores are O(1))
     double topic_gain = 0.0;      // router logit gain along an expert's topic direction
     double topic_share = 0.6;     // fraction of an embedding row's energy along its token's topic
     double neighbour_mix = 0.5;   // topic k's direction leans toward topic k+1 (related topics)
     double router_noise = 3.0;    // std of the router logits' random part (logit units)
-    double continuity = 0.0;      // LM head gain along the topic directions: generation stays on topic
-    double context_gain = 4.0;    // layer 0's attention adds the recent tokens' mean semantic vector (x sqrt(dim))
-    double context_span = 15.0;   // width of that recency kernel, in tokens
+    double context_gain = 8.0;    // layer 0's attention adds this x sqrt(dim) x the recent tokens'
+                                  // mean semantic direction to the residual (0: no context)
+    double context_span = 8.0;    // width (tokens) of that attention's recency kernel
 };
 
-// Topic directions live in the first semantic_dims(hp) coordinates of the hidden state (layer
-// 0's attention carries them as context); the LM head's token-specific part lives in the others
-// (so it does not pick a favourite token per topic).
+// The hidden state's semantic coordinates [0, semantic_dims(hp)): topic directions, and the
+// context layer 0's attention adds. The next coordinate is the embedding's constant "anchor"
+// (layer 0's query and key read it); the LM head reads only the coordinates after it, so the
+// next token depends on the current token and not on the slowly changing context (no loops).
 int64_t semantic_dims(const dsv41::hparams& hp);
 
 // Topic of each token: tokens whose normalised text (lower case, no leading space/Ġ) is equal
@@ -45,12 +48,14 @@ struct forge_context {
     std::vector<int32_t> token_map;       // engram compressed ids [vocab]
     int64_t compressed_vocab = 0;
     std::vector<std::vector<float>> topic_dirs;  // [topics][dim], from topic_direction()
+    bool draft = false;  // filling the DSpark head's file (its blk.N are stages: no context layer)
 };
 
 // Fills one tensor of the inventory (out is exactly the tensor's bytes).
 void fill_tensor(const forge_context& ctx, const dsv41::tensor_spec& spec, std::span<std::byte> out);
 
-// Unit direction of topic k in R^dim (shared by the embedding and the routers).
+// Unit direction of topic k in R^dim, zero outside the semantic coordinates (shared by the
+// embedding and the routers).
 std::vector<float> topic_direction(const forge_context& ctx, int topic);
 
 }  // namespace moestream::forge
