@@ -76,8 +76,6 @@ void engram_hash(const hparams& hp, const engram_side_tables& t, std::span<const
     }
 }
 
-struct model::scratch {};
-
 model::model(const hparams& hp, const model_weights& w, const draft_weights* draft, expert_source& experts,
              backend& be, model_options opts)
     : hp_(hp), w_(w), draft_(draft), experts_(experts), be_(be), opts_(opts) {

@@ -245,7 +245,6 @@ class model {
     const std::vector<float>& rope_freqs(bool compressed) const { return compressed ? freqs_yarn_ : freqs_plain_; }
 
   private:
-    struct scratch;
     const hparams hp_;
     const model_weights& w_;
     const draft_weights* draft_;
@@ -253,7 +252,6 @@ class model {
     backend& be_;
     model_options opts_;
     std::vector<float> freqs_plain_, freqs_yarn_;
-    std::unique_ptr<scratch> s_;
 };
 
 // Engram hash rows (§3.2) of position `pos` given the token history up to and including pos:

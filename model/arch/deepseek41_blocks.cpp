@@ -26,6 +26,16 @@ void hc_mix::compute(const env& e, const std::vector<float>& H, int64_t n, const
                   float(e.hp.norm_eps), pre.data(), post.data(), comb.data(), fn_h_ready ? fn_h.data() : nullptr);
 }
 
+// kv = W_kv · x  ->  RoPE(RMSNorm(kv)) (+ the fp8 round trip with act_quant), in place.
+void finish_window_kv(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs,
+                      std::vector<float>& kv) {
+    const auto& hp = e.hp;
+    const int64_t n = rows.n();
+    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
+    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
+}
+
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
                   std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi,
                   std::span<const matmul_job> extra) {
@@ -40,9 +50,7 @@ void query_and_kv(const env& e, const layer_weights& lw, const float* x, const r
     e.be.matmul_batch(first);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
     act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
-    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
-    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
-    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
+    finish_window_kv(e, lw, rows, freqs, kv);
     std::vector<matmul_job> second{{lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true}};
     if (qi && !lw.index_q_b.empty()) {
         const int64_t width = int64_t(hp.index_n_heads) * hp.index_head_dim;
@@ -59,9 +67,7 @@ void window_kv(const env& e, const layer_weights& lw, const float* x, const rows
     const int64_t n = rows.n();
     kv.resize(size_t(n * hp.head_dim));
     e.be.matmul(lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true);
-    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
-    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
-    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
+    finish_window_kv(e, lw, rows, freqs, kv);
 }
 
 void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
