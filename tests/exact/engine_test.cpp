@@ -63,10 +63,7 @@ std::vector<int32_t> greedy_alone(fixture_model& m, const std::vector<int32_t>& 
 
 std::vector<std::vector<int32_t>> prompts() {
     std::vector<std::vector<int32_t>> out;
-    for (int len : {1, 7, 40}) {
-        const auto ids = read_i64(fixture_path(kFx) + "/prompt_len" + std::to_string(len) + ".safetensors", "input_ids");
-        out.emplace_back(ids.begin(), ids.end());
-    }
+    for (int len : {1, 7, 40}) out.push_back(prompt_ids(kFx, len));
     out.push_back({5, 6, 7, 8, 9, 10, 11, 12, 13});
     out.push_back({300, 301});
     out.push_back({42, 17, 99, 256, 511, 3, 3, 3, 77, 1, 2});

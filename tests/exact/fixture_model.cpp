@@ -70,6 +70,15 @@ std::vector<int64_t> read_i64(const std::string& path, const std::string& tensor
     return out;
 }
 
+std::vector<int32_t> prompt_ids(const std::string& fixture_name, int len) {
+    const auto ids = read_i64(fixture_path(fixture_name) + "/prompt_len" + std::to_string(len) + ".safetensors", "input_ids");
+    return {ids.begin(), ids.end()};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 double correlation(const float* a, const float* b, int64_t n) {
     double ma = 0, mb = 0;
     for (int64_t i = 0; i < n; ++i) ma += a[i], mb += b[i];

@@ -39,4 +39,9 @@ std::vector<int64_t> read_i64(const std::string& path, const std::string& tensor
 
 double correlation(const float* a, const float* b, int64_t n);
 
+// The input_ids of a fixture's prompt_len{len}.safetensors.
+std::vector<int32_t> prompt_ids(const std::string& fixture_name, int len);
+// Exact equality of two logit vectors, bit for bit.
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b);
+
 }  // namespace moestream::test

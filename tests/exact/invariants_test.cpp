@@ -14,10 +14,7 @@ namespace {
 
 const char* kFx = "dsv41-tiny-bf16";
 
-std::vector<int32_t> prompt(int len) {
-    const auto ids = read_i64(fixture_path(kFx) + "/prompt_len" + std::to_string(len) + ".safetensors", "input_ids");
-    return {ids.begin(), ids.end()};
-}
+std::vector<int32_t> prompt(int len) { return prompt_ids(kFx, len); }
 
 // Logits of every row when `tokens` are fed in chunks of `chunk` (0: all at once).
 std::vector<float> run_chunked(fixture_model& m, const std::vector<int32_t>& tokens, size_t chunk) {
@@ -31,10 +28,6 @@ std::vector<float> run_chunked(fixture_model& m, const std::vector<int32_t>& tok
         i += n;
     }
     return all;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }

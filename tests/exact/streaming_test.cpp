@@ -15,10 +15,7 @@ namespace {
 
 const char* kFx = "dsv41-tiny-bf16";
 
-std::vector<int32_t> prompt40() {
-    const auto ids = read_i64(fixture_path(kFx) + "/prompt_len40.safetensors", "input_ids");
-    return {ids.begin(), ids.end()};
-}
+std::vector<int32_t> prompt40() { return prompt_ids(kFx, 40); }
 
 // Prefill of 40 tokens, 4 decode steps and one DSpark draft, every logit concatenated.
 std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend& be,
@@ -42,10 +39,6 @@ std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend&
     BOOST_TEST_REQUIRE(mdl.draft(*seq, 9, d).ok());
     all.insert(all.end(), d.logits.begin(), d.logits.end());
     return all;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 tier_options budgets(uint64_t device, uint64_t host, std::string policy = "lru");
