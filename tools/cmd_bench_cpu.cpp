@@ -2,8 +2,6 @@
 // decode's achieved memory bandwidth as a fraction of this machine's read bandwidth measured in
 // the same run (decode reads each weight it uses once per token, so that ratio is the figure of
 // merit; the target on mini-lite is >= 50%).
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -54,18 +52,6 @@ int64_t dense_bytes_per_token(const gguf::model_file& f) {
     return total;
 }
 
-// Touches every page of the file so the run measures compute and memory, not the disk.
-void warm(const gguf::model_file& f) {
-    volatile uint8_t sink = 0;
-    for (const auto& t : f.tensors()) {
-        const auto d = f.data(t);
-        madvise(const_cast<std::byte*>(d.data()) - (reinterpret_cast<uintptr_t>(d.data()) & 4095), d.size() + 4096,
-                MADV_WILLNEED);
-        for (size_t i = 0; i < d.size(); i += 4096) sink = sink + uint8_t(d[i]);
-    }
-    (void)sink;
-}
-
 int run(const cli::args& a) {
     auto cfg = load_config(a);
     if (!cfg) return usage_error(kName, cfg.message());
@@ -85,7 +71,7 @@ int run(const cli::args& a) {
                 static_cast<long long>(hp.vocab), s.backend->threads(), quant::kernel_isa());
     auto t0 = clock_type::now();
     if (!a.flag("no-warm")) {
-        warm(s.files->target);
+        touch_pages(s.files->target);
         std::printf("warm-up: every page of the file touched in %.1f s (all experts in RAM)\n", seconds_since(t0));
     }
     const double bw = measure_read_bandwidth(s.backend->pool(), size_t(1) << 30, 3);

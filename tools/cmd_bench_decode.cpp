@@ -3,7 +3,6 @@
 // token, resident rate) measured in the same run, the published routing statistics (new experts
 // per token, working set, device-tier hit rate), and the same cold run in --io-mode remap-sync.
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -83,13 +82,9 @@ void make_cold(const loaded_model& m) {
             ::close(fd);
         }
     }
-    volatile uint8_t sink = 0;
-    for (const auto& t : m.target.tensors()) {
-        if (t.n_dims == 3 || t.name.find("engram_embd") != std::string::npos) continue;
-        const auto d = m.target.data(t);
-        for (size_t i = 0; i < d.size(); i += 4096) sink = sink + uint8_t(d[i]);
-    }
-    (void)sink;
+    touch_pages(m.target, [](const gguf::tensor_info& t) {
+        return t.n_dims != 3 && t.name.find("engram_embd") == std::string::npos;  // dense weights only
+    });
 }
 
 // Raw O_DIRECT bandwidth of the model file at the engine's chunk size and depth: chunk-sized

@@ -1,5 +1,7 @@
 #include "tools/model_session.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <thread>
@@ -133,6 +135,18 @@ std::vector<cli::option_spec> with_check_options(std::initializer_list<cli::opti
     };
     out.insert(out.begin() + std::ptrdiff_t(specs.size()), std::begin(checks), std::end(checks));
     return out;
+}
+
+void touch_pages(const gguf::model_file& f, bool (*keep)(const gguf::tensor_info&)) {
+    volatile uint8_t sink = 0;
+    for (const auto& t : f.tensors()) {
+        if (keep && !keep(t)) continue;
+        const auto d = f.data(t);
+        ::madvise(const_cast<std::byte*>(d.data()) - (reinterpret_cast<uintptr_t>(d.data()) & 4095), d.size() + 4096,
+                  MADV_WILLNEED);
+        for (size_t i = 0; i < d.size(); i += 4096) sink = sink + uint8_t(d[i]);
+    }
+    (void)sink;
 }
 
 result<std::vector<int32_t>> parse_token_list(std::string_view flag, std::string_view text) {

@@ -66,6 +66,10 @@ std::variant<check_options, check_options_error> read_check_options(const cli::a
 // with_config_options plus the three switches above.
 std::vector<cli::option_spec> with_check_options(std::initializer_list<cli::option_spec> specs);
 
+// Pages in every tensor of `f` that `keep` accepts (all of them when null): benchmarks measure
+// compute and memory, not first-touch faults.
+void touch_pages(const gguf::model_file& f, bool (*keep)(const gguf::tensor_info&) = nullptr);
+
 // "1,2,3" -> ids; errors name the flag.
 result<std::vector<int32_t>> parse_token_list(std::string_view flag, std::string_view text);
 
