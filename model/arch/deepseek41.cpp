@@ -378,12 +378,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                         for (int64_t j = 0; j < n_total; ++j) bscore[size_t(j / bs)] = std::max(bscore[size_t(j / bs)], s[j]);
                         const int64_t pin = floor_div(n_vis[size_t(t)] - 1, bs);
                         if (pin >= 0) bscore[size_t(pin)] = kInf;
-                        std::vector<int64_t> order(static_cast<size_t>(n_blocks));
-                        std::iota(order.begin(), order.end(), 0);
                         const int64_t keep = std::min(hp.candidate_topk_blocks, n_blocks);
-                        std::partial_sort(order.begin(), order.begin() + keep, order.end(), [&](int64_t a2, int64_t b2) {
-                            return bscore[size_t(a2)] > bscore[size_t(b2)] || (bscore[size_t(a2)] == bscore[size_t(b2)] && a2 < b2);
-                        });
+                        std::vector<int32_t> order(static_cast<size_t>(keep));
+                        detail::top_k(bscore.data(), n_blocks, keep, order.data());
                         auto& mask = cand_mask[size_t(r)];
                         mask.assign(size_t(n_total), 0);
                         for (int64_t k = 0; k < keep; ++k) {
@@ -400,13 +397,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                     // Level 2: top-k over every entry present, ties to the lower index, back in
                     // index order; entries this row cannot see become -1.
                     const int64_t k = std::min(hp.index_topk, n_total);
-                    std::vector<int32_t> order(static_cast<size_t>(n_total));
-                    std::iota(order.begin(), order.end(), 0);
-                    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a2, int32_t b2) {
-                        return s[a2] > s[b2] || (s[a2] == s[b2] && a2 < b2);
-                    });
                     std::vector<int32_t> ids(static_cast<size_t>(hp.index_topk), -1);
-                    std::copy_n(order.begin(), k, ids.begin());
+                    detail::top_k(s, n_total, k, ids.data());
                     std::sort(ids.begin(), ids.begin() + k);
                     for (int64_t j = 0; j < k; ++j)
                         if (ids[size_t(j)] >= n_vis[size_t(t)]) ids[size_t(j)] = -1;

@@ -102,9 +102,9 @@ namespace {
 
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-// Indices of the k largest values, ties to the lower index (a fixed rule: the reference's
-// torch.topk leaves the order among equal values unspecified, §3.4.8).
-void top_k(const float* v, int n, int k, int32_t* out) {
+}  // namespace
+
+void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
     std::vector<int32_t> idx(static_cast<size_t>(n));
     std::iota(idx.begin(), idx.end(), 0);
     std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
@@ -112,8 +112,6 @@ void top_k(const float* v, int n, int k, int32_t* out) {
     });
     std::copy(idx.begin(), idx.begin() + k, out);
 }
-
-}  // namespace
 
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra,

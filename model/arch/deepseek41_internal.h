@@ -56,6 +56,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
            const layer_weights* next = nullptr);
 
+// Indices of the k largest of v[0..n), ties to the lower index: the one selection rule of the
+// router, the indexer and the candidate blocks (the reference's torch.topk leaves the order
+// among equal values unspecified, §3.4.8).
+void top_k(const float* v, int64_t n, int64_t k, int32_t* out);
+
 // Row `token` of an embedding-like table as floats.
 void embedding_row(const weight_view& table, int32_t token, float* out);
 
