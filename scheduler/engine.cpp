@@ -6,26 +6,47 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <chrono>
 #include <cstdio>
 #include <future>
+#include <optional>
+
+#include "scheduler/engine_prefix.h"
 
 namespace moestream {
 
 namespace asio = boost::asio;
 
+using steady = std::chrono::steady_clock;
+
+namespace {
+double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
 struct engine::active {
     generation_request req;
     std::shared_ptr<generation> gen;
-    std::unique_ptr<dsv41::sequence_state> seq;
+    std::unique_ptr<dsv41::sequence_state> seq;  // from states_, returned there when finished
     std::unique_ptr<sampler> sample;
     int64_t prompt_done = 0;   // prompt tokens already in the sequence
+    int64_t cached = 0;        // of those, reused from another state
     int32_t next = -1;         // sampled, not yet fed
     int64_t generated = 0;
     sample_result scratch;
+    steady::time_point submitted;
+    std::optional<steady::time_point> scheduled, first_token;
 };
 
 engine::engine(dsv41::model& model, engine_options opts)
     : model_(model), opts_(opts), strand_(asio::make_strand(io_)), wake_(strand_) {
+    MS_ASSERT(opts_.max_sequences >= 1 && opts_.max_waiting >= 0 && opts_.prefill_chunk >= 1 &&
+              opts_.context_tokens >= 2 && opts_.cached_sequences >= 0 && opts_.rollback >= 0);
+    prefix_pool_options po;
+    po.running = opts_.max_sequences;
+    po.cached = opts_.cached_sequences;
+    po.context = opts_.context_tokens;
+    po.rollback = opts_.rollback;
+    states_ = std::make_unique<prefix_pool>(model_.hp(), model_.has_draft(), po);
     wake_.expires_at(asio::steady_timer::time_point::max());
     asio::co_spawn(strand_, step_loop(), [](std::exception_ptr e) {
         if (!e) return;
@@ -51,15 +72,17 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     for (int32_t t : req.prompt)
         if (t < 0 || t >= hp.vocab)
             return make_error("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(hp.vocab));
-    if (req.max_tokens < 1) return make_error("max_tokens must be >= 1");
     if (int64_t(req.prompt.size()) >= opts_.context_tokens)
         return make_error("this model's maximum context length is " + std::to_string(opts_.context_tokens) +
                           " tokens, the prompt has " + std::to_string(req.prompt.size()));
     MS_TRY(req.sampling.validate(hp.vocab));
     auto a = std::make_unique<active>();
+    a->submitted = steady::now();
     // The channel holds every event of the request, so a slow reader never blocks the step
-    // loop; its size is bounded by max_tokens (+ the final event).
-    a->gen = std::make_shared<generation>(channels_, size_t(std::min<int64_t>(req.max_tokens, opts_.context_tokens)) + 2);
+    // loop; its size is bounded by what the request may generate (+ the final event).
+    const int64_t room = opts_.context_tokens - int64_t(req.prompt.size());
+    const int64_t most = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
+    a->gen = std::make_shared<generation>(channels_, size_t(most) + 2);
     a->sample = std::make_unique<sampler>(req.sampling, hp.vocab);
     a->req = std::move(req);
     auto gen = a->gen;
@@ -84,40 +107,69 @@ engine_stats engine::stats() const {
     return stats_;
 }
 
+void engine::stamp(const active& a, token_event& e) const {
+    const auto now = steady::now();
+    e.prompt_tokens = int64_t(a.req.prompt.size());
+    e.cached_tokens = a.cached;
+    e.completion_tokens = a.generated;
+    e.queue_s = seconds(a.scheduled.value_or(now) - a.submitted);
+    if (a.scheduled) e.prefill_s = seconds(a.first_token.value_or(now) - *a.scheduled);
+    if (a.first_token) e.decode_s = seconds(now - *a.first_token);
+}
+
+void engine::finish(active& a, std::string reason, bool keep_state) {
+    token_event e;
+    e.done = true;
+    e.finish_reason = std::move(reason);
+    stamp(a, e);
+    a.gen->events().try_send(boost::system::error_code{}, std::move(e));
+    // The state is consistent whatever ended the sequence (see engine_prefix.h), so it may serve
+    // a later prompt; a failed one is not kept (what failed may fail again).
+    if (a.seq) states_->give_back(std::move(a.seq), keep_state);
+}
+
+void engine::admit() {
+    std::vector<const dsv41::sequence_state*> others;
+    others.reserve(size_t(opts_.max_sequences));
+    // First come, first served, while there is room.
+    while (!waiting_.empty() && int64_t(running_.size()) < opts_.max_sequences) {
+        auto a = std::move(waiting_.front());
+        waiting_.erase(waiting_.begin());
+        others.clear();
+        for (const auto& r : running_) others.push_back(r->seq.get());
+        auto g = states_->acquire(a->req.prompt, a->req.reuse_prefix, others);
+        a->seq = std::move(g.state);
+        a->prompt_done = a->cached = g.reused;
+        MS_ASSERT(a->seq->size() == a->prompt_done && a->prompt_done < int64_t(a->req.prompt.size()));
+        if (a->req.reuse_prefix) {
+            std::lock_guard lock(stats_mu_);
+            stats_.prefix_queries_tokens += uint64_t(a->req.prompt.size());
+            stats_.prefix_hit_tokens += uint64_t(g.reused);
+        }
+        running_.push_back(std::move(a));
+    }
+}
+
 asio::awaitable<void> engine::step_loop() {
     const auto& hp = model_.hp();
-    auto finish = [&](active& a, std::string reason) {
-        token_event e;
-        e.done = true;
-        e.finish_reason = std::move(reason);
-        e.prompt_tokens = int64_t(a.req.prompt.size());
-        e.completion_tokens = a.generated;
-        a.gen->events().try_send(boost::system::error_code{}, std::move(e));
-    };
     for (;;) {
         if (stopping_) break;
-        // Admit waiting requests (first come, first served) while there is room.
-        while (!waiting_.empty() && int64_t(running_.size()) < opts_.max_sequences) {
-            auto a = std::move(waiting_.front());
-            waiting_.erase(waiting_.begin());
-            a->seq = std::make_unique<dsv41::sequence_state>(hp, opts_.context_tokens, 16, model_.has_draft());
-            running_.push_back(std::move(a));
-        }
-        // Drop cancelled ones (running or still waiting).
+        // Drop cancelled ones (running or still waiting), then admit waiting ones.
         for (auto* list : {&running_, &waiting_})
             for (size_t i = 0; i < list->size();) {
                 if ((*list)[i]->gen->cancelled()) {
-                    finish(*(*list)[i], "cancelled");
+                    finish(*(*list)[i], "cancelled", true);
                     list->erase(list->begin() + std::ptrdiff_t(i));
                 } else {
                     ++i;
                 }
             }
-        if (int64_t(running_.size()) < opts_.max_sequences && !waiting_.empty()) continue;  // admit them now
+        admit();
         {
             std::lock_guard lock(stats_mu_);
             stats_.running = int64_t(running_.size());
             stats_.waiting = int64_t(waiting_.size());
+            stats_.cached_sequences = states_->kept();
         }
         if (running_.empty()) {
             wake_.expires_at(asio::steady_timer::time_point::max());
@@ -128,7 +180,9 @@ asio::awaitable<void> engine::step_loop() {
         // One forward over every running sequence: a prompt chunk or the last sampled token.
         std::vector<dsv41::forward_item> items;
         std::vector<int64_t> fed;
+        const auto step_start = steady::now();
         for (auto& a : running_) {
+            if (!a->scheduled) a->scheduled = step_start;
             if (a->prompt_done < int64_t(a->req.prompt.size())) {
                 const int64_t n = std::min<int64_t>(opts_.prefill_chunk, int64_t(a->req.prompt.size()) - a->prompt_done);
                 items.push_back({a->seq.get(), std::span<const int32_t>(a->req.prompt).subspan(size_t(a->prompt_done), size_t(n)), false});
@@ -143,10 +197,6 @@ asio::awaitable<void> engine::step_loop() {
         // strand awaits its completion.
         const status st = co_await asio::co_spawn(
             compute_, [&]() -> asio::awaitable<status> { co_return model_.forward(items, logits); }, asio::use_awaitable);
-        {
-            std::lock_guard lock(stats_mu_);
-            ++stats_.steps;
-        }
         // A failed forward changed no sequence. The cause may concern only some of them (an
         // expert only one of them routed to could not be read): run each alone once, so only
         // the requests that hit the fault fail.
@@ -162,6 +212,13 @@ asio::awaitable<void> engine::step_loop() {
                 else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(i * size_t(hp.vocab)));
             }
         }
+        {
+            std::lock_guard lock(stats_mu_);
+            ++stats_.steps;
+            stats_.busy_s += seconds(steady::now() - step_start);
+            stats_.decode_rows += uint64_t(items.size());
+            for (const auto& a : running_) stats_.tokens_max = std::max(stats_.tokens_max, uint64_t(a->seq->size()));
+        }
         std::vector<std::unique_ptr<active>> still_running;
         for (size_t i = 0; i < running_.size(); ++i) {  // row i of the logits is running_[i]'s
             active& a = *running_[i];
@@ -169,7 +226,7 @@ asio::awaitable<void> engine::step_loop() {
             bool done = false;
             std::string reason;
             if (!failed[i].empty()) {
-                finish(a, "error: " + failed[i]);
+                finish(a, "error: " + failed[i], false);
                 std::lock_guard lock(stats_mu_);
                 ++stats_.requests_done;
                 continue;
@@ -181,7 +238,10 @@ asio::awaitable<void> engine::step_loop() {
             } else {
                 a.sample->accept(a.next);
             }
+            MS_ASSERT(a.seq->size() == a.prompt_done + a.generated);  // every emitted token was fed
             if (a.prompt_done == int64_t(a.req.prompt.size())) {
+                const bool first = !a.first_token;
+                if (first) a.first_token = steady::now();
                 if (auto s = a.sample->sample(row, a.scratch); !s) {
                     done = true;
                     reason = "error: " + s.message();
@@ -195,17 +255,20 @@ asio::awaitable<void> engine::step_loop() {
                     token_event e;
                     e.token = a.next;
                     e.logprob = a.scratch.logprob;
+                    if (a.req.sampling.n_probs > 0) e.top = a.scratch.top;
+                    stamp(a, e);
                     a.gen->events().try_send(boost::system::error_code{}, std::move(e));
                     {
                         std::lock_guard lock(stats_mu_);
                         ++stats_.generated_tokens;
                     }
-                    if (a.generated >= a.req.max_tokens) done = true, reason = "length";
+                    if (a.req.max_tokens > 0 && a.generated >= a.req.max_tokens) done = true, reason = "length";
                     else if (a.seq->size() + 1 >= opts_.context_tokens) done = true, reason = "context";
                 }
             }
             if (done) {
-                finish(a, reason);
+                // A sampling error leaves the state consistent too, but is not kept, as above.
+                finish(a, reason, reason.rfind("error", 0) != 0);
                 std::lock_guard lock(stats_mu_);
                 ++stats_.requests_done;
             } else {
@@ -215,8 +278,8 @@ asio::awaitable<void> engine::step_loop() {
         running_ = std::move(still_running);
     }
     // Shutting down: every request gets its final event.
-    for (auto& a : running_) finish(*a, "cancelled");
-    for (auto& a : waiting_) finish(*a, "cancelled");
+    for (auto& a : running_) finish(*a, "cancelled", false);
+    for (auto& a : waiting_) finish(*a, "cancelled", false);
     running_.clear();
     waiting_.clear();
 }

@@ -5,6 +5,13 @@
 // is awaited from the strand; then every sequence samples its token and the tokens are delivered
 // through per-request channels. A forward's rows are bit-identical to running each sequence
 // alone (see the exactness suite), so batching never changes anyone's tokens.
+//
+// Prefix reuse (llama-server's cache_prompt): agents send the whole conversation again every
+// turn, so a new request starts from the state of an earlier sequence that shares its first
+// tokens, either a finished one kept in a small LRU pool or one still running (copied between
+// steps), and only the rest of its prompt is processed. Every sequence state is allocated once,
+// at construction (max_sequences running + cached_sequences kept); see scheduler/engine_prefix.h.
+// A reused prefix gives the same bits as processing it again, so reuse never changes tokens.
 #pragma once
 
 #include <atomic>
@@ -26,21 +33,30 @@
 
 namespace moestream {
 
+class prefix_pool;
+
 struct generation_request {
     std::vector<int32_t> prompt;
-    sampling_params sampling;  // temperature 0: greedy
-    int64_t max_tokens = 128;
+    sampling_params sampling;  // temperature 0: greedy; n_probs > 0: top log-probabilities per token
+    int64_t max_tokens = 128;  // <= 0: until a stop token or the context is full
     std::vector<int32_t> stop_tokens;  // end of generation (e.g. the tokenizer's EOS); not emitted
+    bool reuse_prefix = true;  // start from a kept state sharing the prompt's first tokens
 };
 
 // One message on a request's channel. The last one has done = true.
 struct token_event {
     int32_t token = -1;  // -1 on the final event
     double logprob = 0;
+    std::vector<token_logprob> top;  // the sampler's top n_probs alternatives; empty when n_probs == 0
     bool done = false;
     std::string finish_reason;  // "stop", "length", "cancelled", "context", or "error: ..."
-    int64_t prompt_tokens = 0;
-    int64_t completion_tokens = 0;
+    // Counts so far, on every event: the prompt's tokens, how many of them came from a reused
+    // state (not processed again), tokens emitted.
+    int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    // Seconds on the steady clock, on every event: queue = submitted -> the first step that
+    // included the request (-> now while never scheduled); prefill = that step -> the first
+    // token was sampled (-> now before it); decode = the first token -> this event.
+    double queue_s = 0, prefill_s = 0, decode_s = 0;
 };
 
 class generation {
@@ -62,16 +78,27 @@ class generation {
     std::atomic<bool> cancelled_{false};
 };
 
+// Every sequence state is allocated at construction: max_sequences + cached_sequences of them,
+// each sized for context_tokens (plus window + rollback ring positions per layer).
 struct engine_options {
     int64_t max_sequences = 8;        // sequences decoded together
     int64_t max_waiting = 64;         // queued requests beyond that (submit() refuses more)
     int64_t prefill_chunk = 256;      // prompt tokens per sequence per step
     int64_t context_tokens = 8192;    // per sequence
+    int64_t cached_sequences = 4;     // finished sequences kept for prefix reuse (LRU)
+    int64_t rollback = 64;            // how far back a kept state can be truncated to serve a prefix
 };
 
 struct engine_stats {
     int64_t running = 0, waiting = 0;
     uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, requests_done = 0;
+    // Prefix reuse: prompt tokens of admitted requests that asked for it, and how many of those
+    // came from a reused state; finished sequences kept now.
+    uint64_t prefix_queries_tokens = 0, prefix_hit_tokens = 0;
+    int64_t cached_sequences = 0;
+    uint64_t tokens_max = 0;   // the most positions any sequence has held (high-water mark)
+    double busy_s = 0;         // seconds spent in forwards
+    uint64_t decode_rows = 0;  // sequences in each forward, summed (/ steps = mean batch)
 };
 
 class engine {
@@ -91,6 +118,9 @@ class engine {
   private:
     struct active;
     boost::asio::awaitable<void> step_loop();
+    void admit();
+    void finish(active& a, std::string reason, bool keep_state);
+    void stamp(const active& a, token_event& e) const;
 
     dsv41::model& model_;
     engine_options opts_;
@@ -100,6 +130,7 @@ class engine {
     boost::asio::thread_pool compute_{1};  // forwards run here: they block on expert reads
     boost::asio::steady_timer wake_;       // the step loop sleeps on it while nothing is queued
     std::vector<std::unique_ptr<active>> waiting_, running_;  // strand-owned
+    std::unique_ptr<prefix_pool> states_;                      // strand-owned
     std::atomic<bool> stopping_{false};
     mutable std::mutex stats_mu_;
     engine_stats stats_;

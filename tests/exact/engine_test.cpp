@@ -1,6 +1,7 @@
 // The generation engine: continuous batching over one model on an Asio strand. Requests batched
 // together get exactly the tokens each gets alone (also through tiny expert tiers); cancellation,
-// stop tokens, the wait-queue limit and bad requests behave.
+// stop tokens, the wait-queue limit and bad requests behave. Prefix reuse (from kept and from
+// running states) gives the bits of a fresh engine; log-probabilities, timings and counters.
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <set>
@@ -19,29 +20,42 @@ auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors");
 
 struct outcome {
     std::vector<int32_t> tokens;
+    std::vector<double> logprobs;
     std::string reason;
     int64_t completion_tokens = -1;
+    int64_t cached_tokens = -1;
+    std::vector<token_event> events;  // every one, the final one last
 };
 
-// Receives every event of a generation (polling; the engine runs on its own threads).
-outcome collect(generation& g, int64_t cancel_after = -1) {
+// Receives every event of a generation (polling; the engine runs on its own threads), until the
+// final one, or only `stop_after` tokens when that is >= 0.
+outcome collect(generation& g, int64_t cancel_after = -1, int64_t stop_after = -1) {
     outcome o;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     for (bool done = false; !done;) {
         BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline), "no final event within 60 s");
         const bool got = g.events().try_receive([&](boost::system::error_code, token_event e) {
+            o.events.push_back(e);
             if (e.done) {
                 done = true;
                 o.reason = e.finish_reason;
                 o.completion_tokens = e.completion_tokens;
+                o.cached_tokens = e.cached_tokens;
             } else {
                 o.tokens.push_back(e.token);
+                o.logprobs.push_back(e.logprob);
                 if (int64_t(o.tokens.size()) == cancel_after) g.cancel();
+                if (int64_t(o.tokens.size()) == stop_after) done = true;
             }
         });
         if (!got) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
     return o;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
 }
 
 // Greedy tokens of one prompt straight through the model (no engine).
@@ -224,6 +238,225 @@ BOOST_AUTO_TEST_CASE(shutdown_finishes_every_request, *needs()) {
     }
     BOOST_TEST(collect(*g1).reason == "cancelled");
     BOOST_TEST(collect(*g2).reason == "cancelled");
+}
+
+int32_t other(int32_t t) { return (t + 1) % 512; }  // a token that differs from t (the fixture's vocabulary)
+
+// A request that samples (so a different logit anywhere would show in the log-probabilities).
+generation_request sampled_request(std::vector<int32_t> prompt, int64_t n) {
+    generation_request r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0.9f;
+    r.sampling.seed = 1234;
+    r.sampling.n_probs = 3;
+    r.max_tokens = n;
+    return r;
+}
+
+engine_options prefix_options(int64_t cached, int64_t rollback) {
+    engine_options o;
+    o.max_sequences = 2;
+    o.max_waiting = 8;
+    o.prefill_chunk = 16;
+    o.context_tokens = 256;
+    o.cached_sequences = cached;
+    o.rollback = rollback;
+    return o;
+}
+
+// What a fresh engine (nothing to reuse) gives for the request.
+outcome fresh(fixture_model& m, generation_request r, engine_options o) {
+    engine eng(*m.model, o);
+    r.reuse_prefix = false;
+    auto g = eng.submit(std::move(r));
+    BOOST_TEST_REQUIRE(g.ok());
+    return collect(**g);
+}
+
+// The same tokens and the same log-probabilities (bit for bit) as the fresh run.
+void same_as_fresh(const outcome& o, const outcome& f, const std::string& what) {
+    BOOST_TEST(o.reason == f.reason, what);
+    BOOST_TEST(o.tokens == f.tokens, what);
+    BOOST_TEST(o.logprobs == f.logprobs, what);
+    BOOST_TEST(o.events.size() == f.events.size(), what);
+    for (size_t i = 0; i + 1 < std::min(o.events.size(), f.events.size()); ++i) {
+        const auto& a = o.events[i].top;
+        const auto& b = f.events[i].top;
+        BOOST_TEST_REQUIRE(a.size() == b.size(), what);
+        for (size_t k = 0; k < a.size(); ++k) {
+            BOOST_TEST(a[k].token == b[k].token, what);
+            BOOST_TEST(a[k].logprob == b[k].logprob, what);
+        }
+    }
+}
+
+outcome run(engine& eng, generation_request r) {
+    auto g = eng.submit(std::move(r));
+    BOOST_TEST_REQUIRE(g.ok());
+    return collect(**g);
+}
+
+// Agent turns: the previous prompt + its completion + a new turn reuses the kept state in place;
+// the same prompt again, and one diverging within `rollback`, truncate a copy; one diverging
+// further back than that processes everything. Every one matches a fresh engine.
+BOOST_AUTO_TEST_CASE(prefix_reuse_gives_the_bits_of_a_fresh_engine, *needs()) {
+    auto& m = fixture(kFx);
+    const auto opts = prefix_options(2, 16);
+    engine eng(*m.model, opts);
+    const auto base = prompt_ids(kFx, 40);
+    uint64_t queried = 0, hits = 0;
+    auto check = [&](const generation_request& r, int64_t want_cached, const std::string& what) {
+        const auto o = run(eng, r);
+        BOOST_TEST(o.cached_tokens == want_cached, what);
+        for (const auto& e : o.events) BOOST_TEST(e.cached_tokens == want_cached, what);
+        same_as_fresh(o, fresh(m, r, opts), what);
+        queried += r.prompt.size();
+        hits += uint64_t(want_cached);
+        return o;
+    };
+    const auto t1 = check(sampled_request(base, 8), 0, "turn 1");
+    BOOST_TEST_REQUIRE(t1.tokens.size() == 8u);
+    // The kept state consumed the prompt and every token but the last sampled one (47).
+    const auto turn2 = concat(concat(base, t1.tokens), {7, 8, 9});
+    check(sampled_request(turn2, 8), 47, "turn 2 (the kept state, in place)");
+    // The whole prompt (51 of the 58 kept) is held: its last token is processed again.
+    check(sampled_request(turn2, 8), 50, "the same prompt again");
+    check(sampled_request(concat({turn2.begin(), turn2.begin() + 45}, {other(turn2[45]), 2, 3}), 6), 45,
+          "diverging 13 positions back");
+    check(sampled_request(concat({base.begin(), base.begin() + 20}, {other(base[20]), 4, 4}), 6), 0,
+          "diverging 33 positions back (beyond the rollback)");
+    auto no_reuse = sampled_request(turn2, 4);
+    no_reuse.reuse_prefix = false;
+    BOOST_TEST(run(eng, no_reuse).cached_tokens == 0);
+    // A short prompt reuses a copy when it shares most of it, not when it shares a small part.
+    const std::vector<int32_t> short3 = {base[5], base[6], base[7]};
+    const auto s3 = check(greedy_request(short3, 4), 0, "a 3-token prompt");
+    check(greedy_request(short3, 4), 2, "the 3-token prompt again");
+    std::vector<int32_t> longer = concat(short3, {other(s3.tokens[0])});
+    longer.resize(23, 1);
+    check(greedy_request(longer, 4), 0, "sharing 3 of 23 tokens");
+    const auto s = eng.stats();
+    BOOST_TEST(s.prefix_queries_tokens == queried);
+    BOOST_TEST(s.prefix_hit_tokens == hits);
+    BOOST_TEST(s.cached_sequences == 2);
+    BOOST_TEST(s.prompt_tokens == queried - hits + no_reuse.prompt.size());  // processed ones only
+}
+
+// The kept pool holds `cached_sequences` states and evicts the least recently used one (a kept
+// state that served a copy counts as used).
+BOOST_AUTO_TEST_CASE(the_kept_pool_is_bounded_and_lru, *needs()) {
+    auto& m = fixture(kFx);
+    const auto opts = prefix_options(2, 16);
+    engine eng(*m.model, opts);
+    const auto pa = prompt_ids(kFx, 40);
+    std::vector<int32_t> pb;
+    for (int i = 0; i < 30; ++i) pb.push_back(int32_t(100 + 7 * i));
+    std::vector<int32_t> pc(35, 11);
+    const auto a = run(eng, greedy_request(pa, 6));
+    const auto b = run(eng, greedy_request(pb, 6));
+    BOOST_TEST(eng.stats().cached_sequences == 2);
+    // A again: a truncated copy of A's state (A stays kept and becomes the most recent); its
+    // state, kept when it finishes, evicts B.
+    BOOST_TEST(run(eng, greedy_request(pa, 6)).cached_tokens == 39);
+    BOOST_TEST(eng.stats().cached_sequences == 2);
+    const auto b2 = run(eng, greedy_request(concat(concat(pb, b.tokens), {1}), 4));
+    BOOST_TEST(b2.cached_tokens == 0, "B was evicted");
+    // B2 evicted A (A's second run was used later), C evicts A's second run: A's prefix is gone.
+    run(eng, greedy_request(pc, 4));
+    BOOST_TEST(run(eng, greedy_request(concat(concat(pa, a.tokens), {2}), 4)).cached_tokens == 0, "A was evicted");
+    BOOST_TEST(eng.stats().cached_sequences == 2);
+    // No pool: nothing is kept.
+    engine none(*m.model, prefix_options(0, 16));
+    run(none, greedy_request(pa, 4));
+    BOOST_TEST(run(none, greedy_request(pa, 4)).cached_tokens == 0);
+    BOOST_TEST(none.stats().cached_sequences == 0);
+}
+
+// A running sequence's state is copied (between steps) for a request that shares its prefix.
+BOOST_AUTO_TEST_CASE(a_running_sequence_serves_a_prefix, *needs()) {
+    auto& m = fixture(kFx);
+    engine_options opts = prefix_options(0, 1024);  // no pool: only the running one can serve
+    opts.context_tokens = 1024;
+    engine eng(*m.model, opts);
+    const auto pa = prompt_ids(kFx, 40);
+    auto ra = greedy_request(pa, 0);  // until the context is full: still running below
+    auto ga = eng.submit(ra);
+    BOOST_TEST_REQUIRE(ga.ok());
+    const auto first = collect(**ga, -1, 3);
+    BOOST_TEST_REQUIRE(first.tokens.size() == 3u);
+    const auto rb = sampled_request(concat(concat(pa, first.tokens), {9, 9}), 6);
+    const auto b = run(eng, rb);
+    (*ga)->cancel();
+    const auto rest = collect(**ga);
+    BOOST_TEST(rest.reason == "cancelled", "A was running all along");
+    // A had consumed the prompt and at least its first two tokens when B came (B's last token
+    // is always processed).
+    BOOST_TEST(b.cached_tokens >= 42);
+    BOOST_TEST(b.cached_tokens <= 44);
+    same_as_fresh(b, fresh(m, rb, opts), "copied from a running sequence");
+    BOOST_TEST(eng.stats().prefix_hit_tokens == uint64_t(b.cached_tokens));
+}
+
+BOOST_AUTO_TEST_CASE(log_probabilities_timings_and_counters, *needs()) {
+    auto& m = fixture(kFx);
+    engine_options opts = prefix_options(2, 16);
+    opts.max_sequences = 1;
+    opts.context_tokens = 64;
+    engine eng(*m.model, opts);
+    const auto p = prompt_ids(kFx, 40);
+    // Greedy with 5 alternatives: the chosen token leads them.
+    auto r1 = greedy_request(p, 20);
+    r1.sampling.n_probs = 5;
+    r1.reuse_prefix = false;
+    auto r2 = greedy_request(concat(p, {1, 2}), 5);
+    r2.reuse_prefix = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g1 = eng.submit(r1);
+    auto g2 = eng.submit(r2);
+    const double submitting = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BOOST_TEST_REQUIRE((g1.ok() && g2.ok()));
+    const auto o1 = collect(**g1), o2 = collect(**g2);
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    BOOST_TEST_REQUIRE(o1.tokens.size() == 20u);
+    for (size_t i = 0; i < o1.tokens.size(); ++i) {
+        const auto& e = o1.events[i];
+        BOOST_TEST_REQUIRE(e.top.size() == 5u);
+        BOOST_TEST(e.top[0].token == e.token);
+        BOOST_TEST(e.top[0].logprob == e.logprob);
+        BOOST_TEST(e.logprob <= 0.0);
+        for (size_t k = 1; k < e.top.size(); ++k) BOOST_TEST(e.top[k].logprob <= e.top[k - 1].logprob);
+        BOOST_TEST(e.completion_tokens == int64_t(i + 1));
+        BOOST_TEST(e.prompt_tokens == 40);
+    }
+    BOOST_TEST(o1.events.back().top.empty());
+    for (const auto& e : o2.events) BOOST_TEST(e.top.empty());
+    // Timings: queue and prefill are fixed once the first token came; decode grows from ~0.
+    for (const auto* o : {&o1, &o2}) {
+        const auto& ev = o->events;
+        for (size_t i = 0; i < ev.size(); ++i) {
+            BOOST_TEST(ev[i].queue_s == ev[0].queue_s);
+            BOOST_TEST(ev[i].prefill_s == ev[0].prefill_s);
+            BOOST_TEST(ev[i].queue_s >= 0.0);
+            BOOST_TEST(ev[i].prefill_s > 0.0);
+            if (i > 0) BOOST_TEST(ev[i].decode_s >= ev[i - 1].decode_s);
+        }
+        BOOST_TEST(ev.back().decode_s > ev.front().decode_s);
+        BOOST_TEST(ev.back().queue_s + ev.back().prefill_s + ev.back().decode_s <= wall);
+    }
+    // One sequence at a time: the second waited (at least) while the first was processed.
+    const auto& last1 = o1.events.back();
+    BOOST_TEST(o2.events[0].queue_s >= last1.prefill_s + last1.decode_s - submitting);
+    // The context fills up: max_tokens <= 0 runs until then.
+    const auto c = run(eng, greedy_request(concat(p, {5}), 0));
+    BOOST_TEST(c.reason == "context");
+    BOOST_TEST(c.completion_tokens == int64_t(c.tokens.size()));
+    BOOST_TEST(41 + c.completion_tokens == 64);
+    const auto s = eng.stats();
+    BOOST_TEST(s.tokens_max == 63u);
+    BOOST_TEST(s.busy_s > 0.0);
+    BOOST_TEST(s.busy_s <= wall + c.events.back().queue_s + c.events.back().prefill_s + c.events.back().decode_s);
+    BOOST_TEST(s.decode_rows == s.steps);  // one sequence at a time
+    BOOST_TEST(s.requests_done == 3u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

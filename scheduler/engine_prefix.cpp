@@ -1,0 +1,112 @@
+#include "scheduler/engine_prefix.h"
+
+#include <algorithm>
+
+#include "config/assert.h"
+
+namespace moestream {
+
+prefix_pool::prefix_pool(const dsv41::hparams& hp, bool with_draft, prefix_pool_options opts)
+    : opts_(opts), total_(opts.running + opts.cached) {
+    MS_ASSERT(opts_.running >= 1 && opts_.cached >= 0 && opts_.context >= 1 && opts_.rollback >= 0);
+    free_.reserve(size_t(total_));
+    kept_.reserve(size_t(opts_.cached));
+    for (int64_t i = 0; i < total_; ++i)
+        free_.push_back(std::make_unique<dsv41::sequence_state>(hp, opts_.context, opts_.rollback, with_draft));
+}
+
+int64_t prefix_pool::usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const {
+    const auto [h, p] = std::mismatch(held.begin(), held.end(), prompt.begin(), prompt.end());
+    (void)p;
+    const int64_t common = int64_t(h - held.begin());
+    const int64_t n = std::min<int64_t>(common, int64_t(prompt.size()) - 1);
+    if (n <= 0) return 0;
+    if (int64_t(held.size()) - n > opts_.rollback) return 0;  // the rings no longer hold what lies there
+    return n;
+}
+
+std::unique_ptr<dsv41::sequence_state> prefix_pool::take_free() {
+    MS_ASSERT_MSG(!free_.empty(), "a free state is always left for an admission (running < max)");
+    auto s = std::move(free_.back());
+    free_.pop_back();
+    MS_ASSERT(s->size() == 0);
+    return s;
+}
+
+prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool reuse,
+                                        std::span<const dsv41::sequence_state* const> running) {
+    MS_ASSERT(!prompt.empty());
+    MS_ASSERT(int64_t(running.size()) < opts_.running);
+    MS_ASSERT(int64_t(free_.size() + kept_.size() + running.size()) <= total_);
+    grant g;
+    if (!reuse) {
+        g.state = take_free();
+        return g;
+    }
+    // Taking a kept state that is entirely a prefix of the prompt costs nothing; copying a state
+    // costs a pass over its memory, which pays once the prefix would take longer to process.
+    const auto pays = [&](int64_t n, bool in_place) {
+        return n > 0 && (in_place || n >= opts_.min_copy || 2 * n > int64_t(prompt.size()));
+    };
+    struct choice {
+        const dsv41::sequence_state* from = nullptr;
+        int64_t kept_index = -1;  // from the pool, else a running sequence
+        int64_t n = 0;
+        bool in_place = false;
+    } best;
+    const auto consider = [&](const dsv41::sequence_state& s, int64_t kept_index) {
+        const int64_t n = usable(s.tokens(), prompt);
+        const bool in_place = kept_index >= 0 && n == s.size();
+        if (!pays(n, in_place)) return;
+        // Longest first; at equal length, no copy rather than a copy.
+        if (n > best.n || (n == best.n && in_place && !best.in_place)) best = {&s, kept_index, n, in_place};
+    };
+    for (size_t i = 0; i < kept_.size(); ++i) consider(*kept_[i].state, int64_t(i));
+    for (const auto* s : running) consider(*s, -1);
+    if (best.n == 0) {
+        g.state = take_free();
+        return g;
+    }
+    g.reused = best.n;
+    if (best.in_place) {
+        // The new sequence extends everything this state holds: it supersedes the kept one.
+        g.state = std::move(kept_[size_t(best.kept_index)].state);
+        kept_.erase(kept_.begin() + best.kept_index);
+    } else {
+        g.state = take_free();
+        MS_ASSERT(g.state->capacity() == best.from->capacity());
+        *g.state = *best.from;  // same shapes: the vectors' storage is reused, nothing is allocated
+        if (g.state->size() > best.n) {
+            const status st = g.state->truncate(best.n);
+            MS_ASSERT_MSG(st.ok(), "usable() checked the rollback");
+        }
+        g.copied = true;
+        if (best.kept_index >= 0) kept_[size_t(best.kept_index)].used = ++clock_;
+    }
+    MS_ASSERT(g.state->size() == g.reused);
+    MS_ASSERT(std::equal(prompt.begin(), prompt.begin() + g.reused, g.state->tokens().begin()));
+    return g;
+}
+
+void prefix_pool::give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep) {
+    MS_ASSERT(state != nullptr);
+    const auto release = [&](std::unique_ptr<dsv41::sequence_state> s) {
+        const status st = s->truncate(0);
+        MS_ASSERT(st.ok());
+        free_.push_back(std::move(s));
+    };
+    if (!keep || state->size() == 0 || opts_.cached == 0) {
+        release(std::move(state));
+    } else {
+        if (int64_t(kept_.size()) == opts_.cached) {
+            auto lru = std::min_element(kept_.begin(), kept_.end(),
+                                        [](const kept_state& a, const kept_state& b) { return a.used < b.used; });
+            release(std::move(lru->state));
+            kept_.erase(lru);
+        }
+        kept_.push_back({std::move(state), ++clock_});
+    }
+    MS_ASSERT(int64_t(free_.size() + kept_.size()) <= total_ && int64_t(kept_.size()) <= opts_.cached);
+}
+
+}  // namespace moestream

@@ -1,0 +1,72 @@
+// The engine's sequence states and the prefix reuse they allow. A fixed number of states is
+// allocated once (max_sequences running + cached_sequences kept): a state is free, held by a
+// running sequence, or kept after its sequence finished, in an LRU pool of bounded size. A new
+// sequence gets a state that already holds the longest usable prefix of its prompt, taken from a
+// kept state or copied from a running one, and then processes only the rest.
+//
+// A state is consistent at every step boundary: a forward either consumes all of an item's tokens
+// or changes nothing (model::forward), so tokens() is exactly what its caches hold, whatever
+// ended its sequence (a cancel between steps, a stop token, an error). Not thread-safe: the
+// engine's strand owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/arch/deepseek41.h"
+
+namespace moestream {
+
+struct prefix_pool_options {
+    int64_t running = 8;       // states held by running sequences at most
+    int64_t cached = 4;        // finished states kept at most
+    int64_t context = 8192;    // positions per state
+    int64_t rollback = 64;     // how far back a state can be truncated
+    int64_t min_copy = 16;     // a copied prefix pays from this length (or from half the prompt)
+};
+
+class prefix_pool {
+  public:
+    prefix_pool(const dsv41::hparams& hp, bool with_draft, prefix_pool_options opts);
+
+    struct grant {
+        std::unique_ptr<dsv41::sequence_state> state;
+        int64_t reused = 0;  // the state holds prompt[0, reused)
+        bool copied = false; // from a running sequence or a kept state that stays kept
+    };
+    // A state for a new sequence with this prompt (fewer than `running` states must be out). With
+    // `reuse`, it holds the longest prefix a kept or running state can give (leaving at least the
+    // last prompt token to process: its logits are needed); otherwise it is empty. `running` lists
+    // the states of the running sequences (read only: their copies go into free states).
+    grant acquire(std::span<const int32_t> prompt, bool reuse,
+                  std::span<const dsv41::sequence_state* const> running);
+    // A finished sequence's state: kept (evicting the least recently used one when the pool is
+    // full) when `keep` and non-empty, else freed.
+    void give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep);
+
+    int64_t kept() const { return int64_t(kept_.size()); }
+    int64_t free() const { return int64_t(free_.size()); }
+    const prefix_pool_options& options() const { return opts_; }
+
+    // How many of `prompt`'s first tokens a state holding `held` can serve: the common prefix,
+    // at most prompt.size() - 1, and only if the state can be truncated there (within rollback);
+    // 0 when it cannot serve.
+    int64_t usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const;
+
+  private:
+    struct kept_state {
+        std::unique_ptr<dsv41::sequence_state> state;
+        uint64_t used = 0;  // LRU clock
+    };
+    std::unique_ptr<dsv41::sequence_state> take_free();
+
+    prefix_pool_options opts_;
+    int64_t total_;
+    std::vector<std::unique_ptr<dsv41::sequence_state>> free_;
+    std::vector<kept_state> kept_;
+    uint64_t clock_ = 0;
+};
+
+}  // namespace moestream
