@@ -193,6 +193,8 @@ asio::awaitable<void> engine::step_loop() {
             }
         }
         std::vector<float> logits;
+        const forward_waits waits_before = opts_.waits ? opts_.waits() : forward_waits{};
+        const auto forward_start = steady::now();
         // The forward blocks (compute, expert reads): it runs on the compute thread and the
         // strand awaits its completion.
         const status st = co_await asio::co_spawn(
@@ -211,6 +213,16 @@ asio::awaitable<void> engine::step_loop() {
                 if (!st1) failed[i] = st1.message();
                 else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(i * size_t(hp.vocab)));
             }
+        }
+        const auto forward_end = steady::now();
+        step_split split;
+        {
+            const forward_waits w = opts_.waits ? opts_.waits() : forward_waits{};
+            split.experts_s = std::max(0.0, w.experts_s - waits_before.experts_s);
+            split.engram_s = std::max(0.0, w.engram_s - waits_before.engram_s);
+            split.copy_s = std::max(0.0, w.copy_s - waits_before.copy_s);
+            split.compute_s =
+                std::max(0.0, seconds(forward_end - forward_start) - split.experts_s - split.engram_s - split.copy_s);
         }
         {
             std::lock_guard lock(stats_mu_);
@@ -276,6 +288,13 @@ asio::awaitable<void> engine::step_loop() {
             }
         }
         running_ = std::move(still_running);
+        split.total_s = seconds(steady::now() - step_start);
+        split.scheduler_s = std::max(0.0, split.total_s - seconds(forward_end - forward_start));
+        {
+            std::lock_guard lock(stats_mu_);
+            stats_.time.add(split);
+            stats_.last_step = split;
+        }
     }
     // Shutting down: every request gets its final event.
     for (auto& a : running_) finish(*a, "cancelled", false);

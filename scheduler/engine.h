@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/experimental/concurrent_channel.hpp>
@@ -78,6 +79,24 @@ class generation {
     std::atomic<bool> cancelled_{false};
 };
 
+// Cumulative seconds the forwards spent blocked on something other than compute, read from the
+// expert tiers and the engram reader (scheduler/tiered_experts.h, engram_stream.h).
+struct forward_waits {
+    double experts_s = 0;  // waiting for expert reads (disk)
+    double engram_s = 0;   // waiting for engram rows
+    double copy_s = 0;     // host -> device tier copies
+};
+
+// One step's time split (seconds): the forward (compute + the waits above) and the scheduler's
+// own work around it (admission, batching, sampling, delivering events).
+struct step_split {
+    double total_s = 0, compute_s = 0, experts_s = 0, engram_s = 0, copy_s = 0, scheduler_s = 0;
+    void add(const step_split& o) {
+        total_s += o.total_s, compute_s += o.compute_s, experts_s += o.experts_s, engram_s += o.engram_s,
+            copy_s += o.copy_s, scheduler_s += o.scheduler_s;
+    }
+};
+
 // Every sequence state is allocated at construction: max_sequences + cached_sequences of them,
 // each sized for context_tokens (plus window + rollback ring positions per layer).
 struct engine_options {
@@ -87,6 +106,8 @@ struct engine_options {
     int64_t context_tokens = 8192;    // per sequence
     int64_t cached_sequences = 4;     // finished sequences kept for prefix reuse (LRU)
     int64_t rollback = 64;            // how far back a kept state can be truncated to serve a prefix
+    // Where the per-step time split reads the waits from; null: all forward time is compute.
+    std::function<forward_waits()> waits;
 };
 
 struct engine_stats {
@@ -99,6 +120,8 @@ struct engine_stats {
     uint64_t tokens_max = 0;   // the most positions any sequence has held (high-water mark)
     double busy_s = 0;         // seconds spent in forwards
     uint64_t decode_rows = 0;  // sequences in each forward, summed (/ steps = mean batch)
+    step_split time;           // every step's split, summed
+    step_split last_step;      // the latest step's
 };
 
 class engine {

@@ -292,6 +292,7 @@ void tiered_experts::copy_parts(const layout& l, const std::byte* from, bool fro
 bool tiered_experts::promote(expert_key key) {
     auto grant = device_->begin_load(key);
     if (!grant) return false;  // every device slot held: wait for a release
+    const auto copy_start = std::chrono::steady_clock::now();
     const auto hs = host_->lookup(key);
     MS_ASSERT(hs.state == storage::residency::resident);
     const int layer = int(storage::key_layer(key));
@@ -317,6 +318,7 @@ bool tiered_experts::promote(expert_key key) {
     copy_parts(l, host_slot(hs2.slot), true, device_slot(grant->slot), false);
     device_->finish_load(key, true);
     counters_.promoted_bytes += payload;
+    counters_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
     host_->unpin(key);
     (void)host_->erase(key);
     return true;
@@ -371,6 +373,7 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
     std::vector<std::pair<int32_t, dsv41::expert_weights>> out;
     std::unique_lock lock(mu_);
     const auto t0 = std::chrono::steady_clock::now();
+    const double copy_at_start = counters_.copy_seconds;  // copies are counted apart, not as waiting
     bool waited = false;
     for (;;) {
         std::vector<io::read_request> batch;
@@ -418,7 +421,9 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
         }
         if (!out.empty()) {
             if (waited)
-                counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                counters_.wait_seconds +=
+                    std::max(0.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
+                                      (counters_.copy_seconds - copy_at_start));
             return out;
         }
         waited = true;

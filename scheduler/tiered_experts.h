@@ -65,6 +65,7 @@ struct tier_counters {
     uint64_t hint_reads = 0;     // reads started from look-ahead hints
     uint64_t hint_used = 0;      // of those, demanded afterwards (the rest was a wasted read)
     double wait_seconds = 0;     // compute thread blocked in get()
+    double copy_seconds = 0;     // host <-> device tier copies (promotions and demotions)
 };
 
 class tiered_experts final : public dsv41::expert_source {

@@ -24,6 +24,8 @@
 //   moestream:request_success_total{finished_reason="stop|length|abort|error"} (c)
 //   moestream:http_requests_total{handler,method,status} (c)
 //   moestream:engine_busy_seconds_total (c)     time the engine spent in forwards
+//   moestream:step_seconds_total{part="compute|expert_wait|engram_wait|copy|scheduler"} (c)
+//   moestream:last_step_seconds{part="total|compute|expert_wait|engram_wait|copy|scheduler"} (g)
 // Expert streaming (only when the experts are streamed; scheduler/tiered_experts.h and
 // engram_stream.h counters):
 //   moestream:expert_demands_total              experts the model asked for
@@ -36,6 +38,7 @@
 //   moestream:expert_read_errors_total
 //   moestream:expert_hint_reads_total, moestream:expert_hint_used_total   look-ahead reads, useful ones
 //   moestream:expert_wait_seconds_total         compute blocked waiting for experts
+//   moestream:expert_copy_seconds_total         host <-> device tier copies
 //   moestream:disk_read_seconds_total           wall time with at least one expert read in flight
 //   moestream:expert_reads_in_flight_mean (g), moestream:expert_reads_in_flight_max (g)   queue depth
 //   moestream:engram_rows_requested_total, moestream:engram_rows_read_total,
@@ -108,6 +111,7 @@ struct streaming_figures {
     uint64_t disk_reads = 0, disk_bytes = 0, promoted_bytes = 0, demoted_bytes = 0, read_errors = 0;
     uint64_t hint_reads = 0, hint_used = 0;
     double wait_seconds = 0;
+    double copy_seconds = 0;            // host <-> device tier copies
     double disk_seconds = 0;            // reader busy time (>= 1 read in flight)
     double reads_in_flight_mean = 0;    // time-weighted over busy time
     uint64_t reads_in_flight_max = 0;

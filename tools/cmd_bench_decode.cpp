@@ -107,7 +107,7 @@ double raw_disk_bandwidth(const loaded_model& m, const moestream_config& cfg, ui
 }
 
 struct phase_result {
-    double ttft = 0, decode_tps = 0, decode_s = 0, wait_s = 0, engram_wait_s = 0;
+    double ttft = 0, decode_tps = 0, decode_s = 0, wait_s = 0, engram_wait_s = 0, copy_s = 0;
     uint64_t disk_bytes = 0, demands = 0, device_hits = 0, steps = 0;
     double new_per_token = 0, mean_in_flight = 0;
     size_t working_set = 0;
@@ -140,6 +140,7 @@ result<phase_result> run_phase(model_session& s, routing_stats& rs, std::span<co
     r.decode_tps = double(n) / r.decode_s;
     const auto after = s.streamed->counters();
     r.wait_s = after.wait_seconds - before.wait_seconds;
+    r.copy_s = after.copy_seconds - before.copy_seconds;
     r.disk_bytes = after.disk_bytes - before.disk_bytes;
     r.demands = after.demands - before.demands;
     r.device_hits = after.device_hits - before.device_hits;
@@ -152,11 +153,13 @@ result<phase_result> run_phase(model_session& s, routing_stats& rs, std::span<co
 
 void print_phase(const char* what, const phase_result& r, const dsv41::hparams& hp, int64_t prompt_tokens) {
     const double total_experts = double(hp.n_layers) * hp.n_experts;
-    std::printf("  %-9s TTFT %.3f s (%lld prompt tokens) | decode %.2f tok/s | stalls: %.1f%% waiting on experts, "
-                "%.1f%% on engram rows | disk %.1f MB/token | device-tier hit rate %.0f%% | new experts/token %.1f "
+    const double total = std::max(1e-9, r.decode_s + r.ttft);
+    std::printf("  %-9s TTFT %.3f s (%lld prompt tokens) | decode %.2f tok/s | time: %.1f%% compute, %.1f%% waiting on "
+                "experts, %.1f%% on engram rows, %.1f%% host->device copies | disk %.1f MB/token | device-tier hit rate %.0f%% | new experts/token %.1f "
                 "(last 16) | working set %.0f%% of experts | %.1f reads in flight (mean)\n",
                 what, r.ttft, static_cast<long long>(prompt_tokens), r.decode_tps,
-                100.0 * r.wait_s / std::max(1e-9, r.decode_s + r.ttft), 100.0 * r.engram_wait_s / std::max(1e-9, r.decode_s + r.ttft),
+                100.0 * std::max(0.0, total - r.wait_s - r.engram_wait_s - r.copy_s) / total, 100.0 * r.wait_s / total,
+                100.0 * r.engram_wait_s / total, 100.0 * r.copy_s / total,
                 double(r.disk_bytes) / 1e6 / double(std::max<uint64_t>(1, r.steps)),
                 100.0 * double(r.device_hits) / double(std::max<uint64_t>(1, r.demands)), r.new_per_token,
                 100.0 * double(r.working_set) / total_experts, r.mean_in_flight);
