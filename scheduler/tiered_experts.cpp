@@ -414,8 +414,12 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
         }
         if (!batch.empty()) {
             lock.unlock();
-            if (opts_.remap_sync) remap_sync_reads(batch);
-            else reader_->submit(batch);
+            if (opts_.remap_sync) {
+                remap_sync_reads(batch);
+                waited = true;  // the compute thread was blocked on those reads: that is waiting
+            } else {
+                reader_->submit(batch);
+            }
             lock.lock();
             continue;  // (remap-sync reads have landed; io_uring ones may have)
         }
