@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <limits>
 #include <optional>
 
 #include "scheduler/engine_prefix.h"
@@ -21,6 +22,18 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// `row` with the tokens the constraint forbids at -inf, into `out`; false when it allows none.
+bool constrain_row(const token_constraint& c, std::span<const float> row, std::vector<uint8_t>& mask,
+                   std::vector<float>& out) {
+    c.allowed(mask);
+    bool any = false;
+    for (size_t v = 0; v < row.size(); ++v) {
+        out[v] = mask[v] ? row[v] : -std::numeric_limits<float>::infinity();
+        any |= mask[v] != 0;
+    }
+    return any;
+}
 }  // namespace
 
 struct engine::active {
@@ -33,6 +46,9 @@ struct engine::active {
     int32_t next = -1;         // sampled, not yet fed
     int64_t generated = 0;
     sample_result scratch;
+    // For a constrained request (allocated at submit): the allowed tokens and the masked row.
+    std::vector<uint8_t> allowed;
+    std::vector<float> constrained_row;
     steady::time_point submitted;
     std::optional<steady::time_point> scheduled, first_token;
 };
@@ -84,6 +100,10 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     const int64_t most = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
     a->gen = std::make_shared<generation>(channels_, size_t(most) + 2);
     a->sample = std::make_unique<sampler>(req.sampling, hp.vocab);
+    if (req.constraint) {
+        a->allowed.resize(size_t(hp.vocab));
+        a->constrained_row.resize(size_t(hp.vocab));
+    }
     a->req = std::move(req);
     auto gen = a->gen;
     std::promise<status> admitted;
@@ -254,7 +274,13 @@ asio::awaitable<void> engine::step_loop() {
             if (a.prompt_done == int64_t(a.req.prompt.size())) {
                 const bool first = !a.first_token;
                 if (first) a.first_token = steady::now();
-                if (auto s = a.sample->sample(row, a.scratch); !s) {
+                token_constraint* constraint = a.req.constraint.get();
+                std::span<const float> candidates = row;
+                if (constraint) candidates = a.constrained_row;
+                if (constraint && !constrain_row(*constraint, row, a.allowed, a.constrained_row)) {
+                    done = true;
+                    reason = "error: the output constraint allows no token";
+                } else if (auto s = a.sample->sample(candidates, a.scratch); !s) {
                     done = true;
                     reason = "error: " + s.message();
                 } else if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), a.scratch.token) !=
@@ -262,6 +288,7 @@ asio::awaitable<void> engine::step_loop() {
                     done = true;
                     reason = "stop";
                 } else {
+                    if (constraint) constraint->accept(a.scratch.token);
                     a.next = a.scratch.token;
                     ++a.generated;
                     token_event e;
@@ -274,7 +301,8 @@ asio::awaitable<void> engine::step_loop() {
                         std::lock_guard lock(stats_mu_);
                         ++stats_.generated_tokens;
                     }
-                    if (a.req.max_tokens > 0 && a.generated >= a.req.max_tokens) done = true, reason = "length";
+                    if (constraint && constraint->done()) done = true, reason = "stop";
+                    else if (a.req.max_tokens > 0 && a.generated >= a.req.max_tokens) done = true, reason = "length";
                     else if (a.seq->size() + 1 >= opts_.context_tokens) done = true, reason = "context";
                 }
             }

@@ -31,6 +31,7 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/sampler.h"
+#include "scheduler/token_constraint.h"
 
 namespace moestream {
 
@@ -42,6 +43,10 @@ struct generation_request {
     int64_t max_tokens = 128;  // <= 0: until a stop token or the context is full
     std::vector<int32_t> stop_tokens;  // end of generation (e.g. the tokenizer's EOS); not emitted
     bool reuse_prefix = true;  // start from a kept state sharing the prompt's first tokens
+    // Restricts every sampled token (forced tool calls, JSON output); null: unconstrained. When it
+    // reports done() the request ends with "stop"; when it allows no token at all, with
+    // "error: the output constraint allows no token". Used on the engine's strand only.
+    std::shared_ptr<token_constraint> constraint;
 };
 
 // One message on a request's channel. The last one has done = true.

@@ -1,9 +1,11 @@
 // The generation engine: continuous batching over one model on an Asio strand. Requests batched
 // together get exactly the tokens each gets alone (also through tiny expert tiers); cancellation,
 // stop tokens, the wait-queue limit and bad requests behave. Prefix reuse (from kept and from
-// running states) gives the bits of a fresh engine; log-probabilities, timings and counters.
+// running states) gives the bits of a fresh engine; log-probabilities, timings and counters;
+// constrained decoding (only allowed tokens, the others' tokens unchanged).
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -84,6 +86,15 @@ std::vector<std::vector<int32_t>> prompts() {
     return out;
 }
 
+engine_options options(int64_t sequences, int64_t waiting, int64_t chunk, int64_t context) {
+    engine_options o;
+    o.max_sequences = sequences;
+    o.max_waiting = waiting;
+    o.prefill_chunk = chunk;
+    o.context_tokens = context;
+    return o;
+}
+
 generation_request greedy_request(std::vector<int32_t> prompt, int64_t n) {
     generation_request r;
     r.prompt = std::move(prompt);
@@ -117,7 +128,7 @@ BOOST_AUTO_TEST_CASE(batched_requests_get_the_tokens_they_get_alone, *needs()) {
         dsv41::model mdl(m.hp(), m.files->weights, nullptr, pass == 0 ? static_cast<dsv41::expert_source&>(*m.experts)
                                                                        : static_cast<dsv41::expert_source&>(**tiers),
                          *m.backend);
-        engine eng(mdl, {4, 64, 7, 256});
+        engine eng(mdl, options(4, 64, 7, 256));
         std::vector<std::shared_ptr<generation>> gens;
         for (const auto& p : ps) {
             auto g = eng.submit(greedy_request(p, 12));
@@ -141,7 +152,7 @@ BOOST_AUTO_TEST_CASE(cancel_stop_tokens_and_limits, *needs()) {
     auto& m = fixture(kFx);
     const auto p = prompts()[1];
     const auto greedy = greedy_alone(m, p, 6);
-    engine eng(*m.model, {1, 1, 64, 256});
+    engine eng(*m.model, options(1, 1, 64, 256));
     // Cancel after 3 tokens.
     auto g = eng.submit(greedy_request(p, 200));
     BOOST_TEST_REQUIRE(g.ok());
@@ -199,7 +210,7 @@ BOOST_AUTO_TEST_CASE(a_failing_expert_fails_only_its_request, *needs()) {
     auto used = [&](const std::vector<int32_t>& p) {
         recording_source rec(*m.experts, 5);
         dsv41::model mdl(m.hp(), m.files->weights, nullptr, rec, *m.backend);
-        engine eng(mdl, {1, 4, 256, 256});
+        engine eng(mdl, options(1, 4, 256, 256));
         collect(**eng.submit(greedy_request(p, 8)));
         return rec.seen;
     };
@@ -217,7 +228,7 @@ BOOST_AUTO_TEST_CASE(a_failing_expert_fails_only_its_request, *needs()) {
         return;
     }
     dsv41::model mdl(m.hp(), m.files->weights, nullptr, **tiers, *m.backend);
-    engine eng(mdl, {4, 8, 256, 256});
+    engine eng(mdl, options(4, 8, 256, 256));
     auto ga = eng.submit(greedy_request(a_prompt, 8));
     auto gb = eng.submit(greedy_request(b_prompt, 8));
     BOOST_TEST_REQUIRE((ga.ok() && gb.ok()));
@@ -232,7 +243,7 @@ BOOST_AUTO_TEST_CASE(shutdown_finishes_every_request, *needs()) {
     auto& m = fixture(kFx);
     std::shared_ptr<generation> g1, g2;
     {
-        engine eng(*m.model, {1, 4, 64, 256});
+        engine eng(*m.model, options(1, 4, 64, 256));
         g1 = *eng.submit(greedy_request(prompts()[0], 200));
         g2 = *eng.submit(greedy_request(prompts()[1], 200));
     }
@@ -457,6 +468,120 @@ BOOST_AUTO_TEST_CASE(log_probabilities_timings_and_counters, *needs()) {
     BOOST_TEST(s.busy_s <= wall + c.events.back().queue_s + c.events.back().prefill_s + c.events.back().decode_s);
     BOOST_TEST(s.decode_rows == s.steps);  // one sequence at a time
     BOOST_TEST(s.requests_done == 3u);
+}
+
+namespace {
+
+// Allows the tokens `allow` accepts; done after `length` tokens. accept() runs on the engine's
+// strand: what it records is read once the final event arrived.
+struct rule_constraint final : token_constraint {
+    std::function<bool(int32_t)> allow;
+    int64_t length = 0;
+    std::vector<int32_t> accepted;
+    rule_constraint(std::function<bool(int32_t)> a, int64_t n) : allow(std::move(a)), length(n) {}
+    void allowed(std::span<uint8_t> mask) const override {
+        for (size_t v = 0; v < mask.size(); ++v) mask[v] = allow(int32_t(v)) ? 1 : 0;
+    }
+    void accept(int32_t token) override { accepted.push_back(token); }
+    bool done() const override { return int64_t(accepted.size()) >= length; }
+};
+
+// Greedy tokens of one prompt straight through the model, the argmax over allowed tokens only.
+std::vector<int32_t> greedy_alone_allowed(fixture_model& m, const std::vector<int32_t>& prompt, int n,
+                                          const std::function<bool(int32_t)>& allow) {
+    auto seq = m.sequence(256);
+    std::vector<float> logits;
+    dsv41::forward_item item{seq.get(), prompt, false};
+    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
+    std::vector<int32_t> out;
+    for (int k = 0; k < n; ++k) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < int32_t(logits.size()); ++v)
+            if (allow(v) && (best < 0 || logits[size_t(v)] > logits[size_t(best)])) best = v;
+        out.push_back(best);
+        if (k + 1 == n) break;
+        dsv41::forward_item step{seq.get(), {&best, 1}, false};
+        BOOST_TEST_REQUIRE(m.model->forward({&step, 1}, logits).ok());
+    }
+    return out;
+}
+
+}  // namespace
+
+// Constrained decoding: a constrained request only gets allowed tokens (the greedy choice among
+// them, as computed alone), ends with "stop" when its constraint is done, sees a stop token only
+// when the constraint allows it, and fails cleanly when nothing is allowed; sampling under a
+// constraint is reproducible; requests batched with constrained ones keep their exact tokens.
+BOOST_AUTO_TEST_CASE(constrained_requests_get_only_allowed_tokens, *needs()) {
+    auto& m = fixture(kFx);
+    const auto ps = prompts();
+    const auto odd = [](int32_t t) { return t % 2 == 1; };
+    std::vector<std::vector<int32_t>> plain;
+    for (const auto& p : ps) plain.push_back(greedy_alone(m, p, 8));
+    const auto odd_alone = greedy_alone_allowed(m, ps[1], 6, odd);
+    engine eng(*m.model, options(4, 64, 7, 256));
+
+    auto constrained = greedy_request(ps[1], 50);
+    auto rule = std::make_shared<rule_constraint>(odd, 6);
+    constrained.constraint = rule;
+    auto gc = eng.submit(constrained);
+    BOOST_TEST_REQUIRE(gc.ok());
+    std::vector<std::shared_ptr<generation>> gens;
+    for (const auto& p : ps) {
+        auto g = eng.submit(greedy_request(p, 8));
+        BOOST_TEST_REQUIRE(g.ok());
+        gens.push_back(*g);
+    }
+    const auto oc = collect(**gc);
+    BOOST_TEST(oc.reason == "stop");
+    BOOST_TEST(oc.completion_tokens == 6);
+    BOOST_TEST(oc.tokens == odd_alone);
+    BOOST_TEST(rule->accepted == oc.tokens);
+    for (int32_t t : oc.tokens) BOOST_TEST(odd(t));
+    BOOST_TEST(odd_alone != std::vector<int32_t>(plain[1].begin(), plain[1].begin() + 6));  // it did constrain
+    for (size_t i = 0; i < gens.size(); ++i) {
+        const auto o = collect(*gens[i]);
+        BOOST_TEST(o.tokens == plain[i], "unconstrained request " << i << " batched with a constrained one");
+    }
+
+    // Sampling under a constraint: the same seed gives the same tokens, all allowed.
+    const auto third = [](int32_t t) { return t % 3 == 0; };
+    std::vector<int32_t> first;
+    for (int round = 0; round < 2; ++round) {
+        auto r = greedy_request(ps[2], 100);
+        r.sampling.temperature = 1.0f;
+        r.sampling.seed = 11;
+        r.reuse_prefix = round == 1;
+        r.constraint = std::make_shared<rule_constraint>(third, 10);
+        const auto o = run(eng, r);
+        BOOST_TEST(o.reason == "stop");
+        BOOST_TEST_REQUIRE(o.tokens.size() == 10u);
+        for (int32_t t : o.tokens) BOOST_TEST(third(t));
+        if (round == 0) first = o.tokens;
+        else BOOST_TEST(o.tokens == first);
+    }
+
+    // A stop token ends a constrained request only when the constraint allows it.
+    const int32_t stop = plain[1][2];
+    auto no_stop = greedy_request(ps[1], 6);
+    no_stop.stop_tokens = {stop};
+    no_stop.constraint = std::make_shared<rule_constraint>([stop](int32_t t) { return t != stop; }, 100);
+    const auto ns = run(eng, no_stop);
+    BOOST_TEST(ns.reason == "length");
+    BOOST_TEST(ns.tokens.size() == 6u);
+    BOOST_TEST((std::find(ns.tokens.begin(), ns.tokens.end(), stop) == ns.tokens.end()));
+    auto only_stop = greedy_request(ps[1], 6);
+    only_stop.stop_tokens = {stop};
+    only_stop.constraint = std::make_shared<rule_constraint>([stop](int32_t t) { return t == stop; }, 100);
+    const auto os = run(eng, only_stop);
+    BOOST_TEST(os.reason == "stop");
+    BOOST_TEST(os.tokens.empty());
+
+    // Nothing allowed: an error, and the engine goes on serving.
+    auto nothing = greedy_request(ps[1], 6);
+    nothing.constraint = std::make_shared<rule_constraint>([](int32_t) { return false; }, 100);
+    BOOST_TEST(run(eng, nothing).reason == "error: the output constraint allows no token");
+    BOOST_TEST(run(eng, greedy_request(ps[0], 8)).tokens == plain[0]);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -1,0 +1,286 @@
+#include "server/completion_job.h"
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <random>
+
+#include "model/chat_template.h"
+#include "server/output_constraint.h"
+#include "server/service.h"
+#include "server/tool_prompt.h"
+
+namespace moestream::server {
+
+namespace asio = boost::asio;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+std::atomic<uint64_t> g_serial{1};
+
+api_error unavailable(std::string message) { return make_api_error(503, "unavailable_error", std::move(message)); }
+
+// A token of the model's vocabulary by its exact text, or an error naming what is missing.
+api_result<int32_t> special_token(const tokenizer& tok, std::string_view text, std::string_view what) {
+    const int32_t id = tok.find_added(text);
+    if (id < 0) {
+        return make_api_error(501, "not_supported_error",
+                              std::string(what) + ": this model's vocabulary has no " + std::string(text) + " token");
+    }
+    return id;
+}
+
+api_result<std::vector<int32_t>> build_prompt(const served_model& m, const completion_request& r) {
+    std::vector<int32_t> ids;
+    const tokenizer* tok = m.tok;
+    auto need_tokenizer = [&](std::string_view what) {
+        return bad_request(std::string(what), "this model has no tokenizer: send the prompt as token ids");
+    };
+    switch (r.route) {
+        case api_route::chat_completions: {
+            if (!tok) return need_tokenizer("messages");
+            std::vector<chat_message> messages = r.messages;
+            if (!r.tools.empty() && r.choice.kind != tool_choice::none) {
+                std::vector<tool_definition_view> views;
+                for (const auto& t : r.tools) views.push_back({t.name, t.description, t.parameters_json});
+                std::string_view choice = r.choice.kind == tool_choice::required ? "required"
+                                          : r.choice.kind == tool_choice::function ? std::string_view(r.choice.function_name)
+                                                                                    : "auto";
+                messages = with_tool_definitions(std::move(messages), views, choice);
+            }
+            chat_special_tokens special;
+            special.bos = tok->token_bytes(tok->data().bos_id);
+            special.eos = tok->token_bytes(tok->data().eos_id);
+            auto text = render_chat(messages, true, special);
+            if (!text) return bad_request("messages", text.message());
+            ids = tok->encode(*text, true);
+            break;
+        }
+        case api_route::completions:
+        case api_route::native_completion: {
+            if (!r.prompt_tokens.empty()) {
+                ids = r.prompt_tokens;
+                break;
+            }
+            if (!tok) return need_tokenizer("prompt");
+            if (tok->data().add_bos) ids.push_back(tok->data().bos_id);
+            const auto body = tok->encode(r.prompt_text.value_or(""), true);
+            ids.insert(ids.end(), body.begin(), body.end());
+            if (!r.suffix.empty())
+                return bad_request("suffix", "suffix is not supported on this route: use POST /infill");
+            break;
+        }
+        case api_route::infill: {
+            if (!tok) return need_tokenizer("input_prefix");
+            int32_t fim[3];
+            const char* names[3] = {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"};
+            for (int i = 0; i < 3; ++i) {
+                auto id = special_token(*tok, names[i], "infill");
+                if (!id) return id.error();
+                fim[i] = *id;
+            }
+            if (tok->data().add_bos) ids.push_back(tok->data().bos_id);
+            ids.push_back(fim[0]);
+            std::string prefix;
+            for (const auto& [file, text] : r.infill_extra) prefix += "// " + file + "\n" + text + "\n";
+            prefix += r.infill_prefix;
+            auto add = [&](const std::string& s) {
+                const auto t = tok->encode(s, false);
+                ids.insert(ids.end(), t.begin(), t.end());
+            };
+            add(prefix);
+            ids.push_back(fim[1]);
+            add(r.suffix);
+            ids.push_back(fim[2]);
+            if (r.prompt_text) add(*r.prompt_text);
+            break;
+        }
+    }
+    if (ids.empty()) return bad_request("prompt", "the prompt is empty");
+    for (int32_t id : ids)
+        if (id < 0 || id >= m.n_vocab)
+            return bad_request("prompt", "token id " + std::to_string(id) + " is outside the vocabulary of " +
+                                             std::to_string(m.n_vocab));
+    return api_result<std::vector<int32_t>>(std::move(ids));
+}
+
+parser_options parser_for(const completion_request& r, uint64_t serial) {
+    parser_options o;
+    o.tools_enabled = r.route == api_route::chat_completions && !r.tools.empty() && r.choice.kind != tool_choice::none;
+    o.reasoning_enabled = r.route == api_route::chat_completions && !r.reasoning_in_content;
+    o.id_seed = serial;
+    return o;
+}
+
+}  // namespace
+
+completion_job::completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt,
+                               uint64_t serial)
+    : model_(m),
+      req_(std::move(req)),
+      prompt_(std::move(prompt)),
+      serial_(serial),
+      stops_(req_.stop),
+      parser_(parser_for(req_, serial)) {}
+
+completion_job::~completion_job() { cancel(); }
+
+// Any thread (shutdown cancels jobs from outside their connection's strand): only the
+// generation's atomic flag is touched.
+void completion_job::cancel() {
+    if (gen_) gen_->cancel();
+}
+
+api_result<std::unique_ptr<completion_job>> completion_job::start(const served_model& m, completion_request req,
+                                                                  constraint_spec constraint) {
+    if (!m.eng) return unavailable("Loading model");
+    auto prompt = build_prompt(m, req);
+    if (!prompt) return prompt.error();
+    auto& ids = *prompt;
+    const int64_t n_prompt = int64_t(ids.size());
+    if (n_prompt >= m.n_ctx) return context_exceeded(n_prompt, m.n_ctx);
+
+    generation_request g;
+    g.prompt = ids;
+    g.sampling = req.sampling;
+    g.sampling.n_probs = req.n_probs;
+    if (!req.seed_given) {
+        std::random_device rd;
+        g.sampling.seed = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+    }
+    // Generation runs until the context is full unless the client asked for less (agents send
+    // large max_tokens routinely: that is a cap, not an error).
+    const int64_t room = m.n_ctx - n_prompt;
+    g.max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
+    if (g.max_tokens == 0) return context_exceeded(n_prompt, m.n_ctx);
+    if (!req.ignore_eos && m.eos_id >= 0) g.stop_tokens.push_back(m.eos_id);
+    g.reuse_prefix = req.cache_prompt;
+    if (auto st = g.sampling.validate(m.n_vocab); !st) return bad_request("", st.message());
+    // A forced tool call or JSON output: the parser needs no change, the text is what it reads.
+    auto forced = constraint_for_request(req, constraint, m.tok, g.max_tokens);
+    if (!forced) return forced.error();
+    g.constraint = std::move(*forced);
+
+    const uint64_t serial = g_serial.fetch_add(1);
+    std::unique_ptr<completion_job> job(new completion_job(m, std::move(req), std::move(ids), serial));
+    auto gen = m.eng->submit(std::move(g));
+    if (!gen) {
+        api_error e;
+        const auto& msg = gen.message();
+        if (msg.rfind("the server is busy", 0) == 0) {
+            e.status = 429;
+            e.type = "rate_limit_error";
+        } else {
+            e.status = 400;
+        }
+        e.message = msg;
+        return e;
+    }
+    job->gen_ = std::move(*gen);
+    return api_result<std::unique_ptr<completion_job>>(std::move(job));
+}
+
+std::string completion_job::prompt_text() const {
+    if (!model_.tok) return {};
+    return model_.tok->decode(prompt_);
+}
+
+void completion_job::finish_text(job_update& u) {
+    std::string tail = utf8_.finish();
+    std::string safe = stops_.push(tail);
+    if (!stops_.stopped()) safe += stops_.finish();
+    auto d = parser_.push(safe);
+    auto f = parser_.finish();
+    u.delta.content += d.content + f.content;
+    u.delta.reasoning += d.reasoning + f.reasoning;
+    for (auto* v : {&d.tool_calls, &f.tool_calls}) u.delta.tool_calls.insert(u.delta.tool_calls.end(), v->begin(), v->end());
+}
+
+job_update completion_job::from_event(const token_event& e) {
+    job_update u;
+    u.usage.prompt_tokens = e.prompt_tokens ? e.prompt_tokens : int64_t(prompt_.size());
+    u.usage.cached_tokens = e.cached_tokens;
+    u.usage.completion_tokens = e.completion_tokens;
+    u.usage.queue_s = e.queue_s;
+    u.usage.prefill_s = e.prefill_s;
+    u.usage.decode_s = e.decode_s;
+    if (!e.done) {
+        emitted_token t;
+        t.id = e.token;
+        t.logprob = e.logprob;
+        t.top = e.top;
+        if (model_.tok) t.bytes = model_.tok->token_bytes(e.token);
+        const std::string text = utf8_.push(t.bytes);
+        u.tokens.push_back(std::move(t));
+        const std::string safe = stops_.push(text);
+        u.delta = parser_.push(safe);
+        if (stops_.stopped()) {
+            // A stop string ended the text: the engine stops at its next step.
+            stopped_by_word_ = true;
+            auto f = parser_.finish();
+            u.delta.content += f.content;
+            u.delta.reasoning += f.reasoning;
+            u.delta.tool_calls.insert(u.delta.tool_calls.end(), f.tool_calls.begin(), f.tool_calls.end());
+            u.done = true;
+            u.finish_reason = parser_.saw_tool_calls() ? "tool_calls" : "stop";
+            u.stop_type = "word";
+            u.stopping_word = stops_.matched();
+            u.usage.completion_tokens = e.completion_tokens ? e.completion_tokens : 0;
+        }
+        return u;
+    }
+    u.done = true;
+    finish_text(u);
+    const std::string& r = e.finish_reason;
+    if (r == "stop") {
+        u.finish_reason = "stop";
+        u.stop_type = "eos";
+    } else if (r == "length" || r == "context") {
+        u.finish_reason = "length";
+        u.stop_type = "limit";
+    } else if (r == "cancelled") {
+        u.finish_reason = "cancelled";
+        u.stop_type = "none";
+    } else {
+        u.finish_reason = "error";
+        u.stop_type = "none";
+        u.error.status = 500;
+        u.error.type = "server_error";
+        u.error.message = r.rfind("error: ", 0) == 0 ? r.substr(7) : r;
+    }
+    if (parser_.saw_tool_calls() && (u.finish_reason == "stop")) u.finish_reason = "tool_calls";
+    return u;
+}
+
+asio::awaitable<std::optional<job_update>> completion_job::next(std::chrono::milliseconds wait) {
+    MS_ASSERT_MSG(!done_, "completion_job::next after the final update");
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    timer.expires_after(wait);
+    auto got = co_await (gen_->events().async_receive(asio::as_tuple(asio::use_awaitable)) ||
+                         timer.async_wait(asio::as_tuple(asio::use_awaitable)));
+    if (got.index() == 1) co_return std::nullopt;
+    auto [ec, event] = std::get<0>(std::move(got));
+    if (ec) {
+        job_update u;
+        u.done = true;
+        u.finish_reason = "error";
+        u.error.status = 500;
+        u.error.type = "server_error";
+        u.error.message = "the generation's event channel failed: " + ec.message();
+        done_ = true;
+        co_return u;
+    }
+    job_update u = from_event(event);
+    if (u.done) {
+        if (!event.done) gen_->cancel();  // stopped by a stop string: free the sequence
+        done_ = true;
+    }
+    co_return u;
+}
+
+}  // namespace moestream::server

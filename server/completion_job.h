@@ -1,0 +1,94 @@
+// One completion request from prompt to final event, independent of the wire format: builds the
+// prompt (chat template with tool definitions, plain text, token ids or fill-in-the-middle),
+// submits it to the engine, and turns each token event into a transport-neutral update through
+// the text pipeline (UTF-8 hold-back -> stop strings -> reasoning / tool-call parser). The HTTP
+// routes format updates as OpenAI chunks or llama-server objects; the WebSocket as its deltas.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "scheduler/engine.h"
+#include "server/api_error.h"
+#include "server/constraint_request.h"
+#include "server/output_parser.h"
+#include "server/request.h"
+#include "server/stop_matcher.h"
+
+namespace moestream::server {
+
+struct served_model;
+
+struct emitted_token {
+    int32_t id = 0;
+    double logprob = 0;
+    std::string bytes;  // the token's raw bytes (may be part of a UTF-8 character)
+    std::vector<token_logprob> top;
+};
+
+struct job_usage {
+    int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    double queue_s = 0, prefill_s = 0, decode_s = 0;
+};
+
+struct job_update {
+    output_delta delta;                  // text that became safe to send
+    std::vector<emitted_token> tokens;   // tokens behind it (logprobs, native "tokens")
+    bool done = false;
+    // OpenAI finish_reason: stop, length, tool_calls; "error" (see error) or "cancelled".
+    std::string finish_reason;
+    std::string stop_type;               // llama-server: eos, word, limit, none
+    std::string stopping_word;
+    api_error error;                     // when finish_reason == "error"
+    job_usage usage;
+};
+
+class completion_job {
+  public:
+    // Validates and submits; errors are the HTTP answer (400 context overflow, 429 queue full,
+    // 503 draining...). The output is constrained when the request forces a tool call or
+    // `constraint` asks for JSON (server/output_constraint.h).
+    static api_result<std::unique_ptr<completion_job>> start(const served_model& m, completion_request req,
+                                                             constraint_spec constraint = {});
+    ~completion_job();  // cancels the generation if it is still running
+
+    // The next update, or nullopt when nothing arrived within `wait`. After an update with
+    // done = true there are no more.
+    boost::asio::awaitable<std::optional<job_update>> next(std::chrono::milliseconds wait);
+    void cancel();
+
+    const completion_request& request() const { return req_; }
+    const std::vector<int32_t>& prompt() const { return prompt_; }
+    // The prompt as text (echo, native "prompt"), from the tokenizer.
+    std::string prompt_text() const;
+    const output_parser& parser() const { return parser_; }
+    const served_model& model() const { return model_; }
+    // Request id material: a deterministic per-job number (ids of chunks and tool calls).
+    uint64_t serial() const { return serial_; }
+    std::chrono::steady_clock::time_point arrival() const { return arrival_; }
+
+  private:
+    completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt, uint64_t serial);
+    job_update from_event(const token_event& e);
+    void finish_text(job_update& u);
+
+    const served_model& model_;
+    completion_request req_;
+    std::vector<int32_t> prompt_;
+    uint64_t serial_;
+    std::chrono::steady_clock::time_point arrival_ = std::chrono::steady_clock::now();
+    std::shared_ptr<generation> gen_;
+    utf8_stream_decoder utf8_;
+    stop_matcher stops_;
+    output_parser parser_;
+    bool done_ = false;
+    bool stopped_by_word_ = false;
+};
+
+}  // namespace moestream::server

@@ -1,0 +1,533 @@
+#include "server/response_format.h"
+
+#include <cmath>
+
+#include "server/json_writer.h"
+#include "server/service.h"
+
+namespace moestream::server {
+
+namespace {
+
+void write_meta(json_writer& w, const response_meta& m, const char* object) {
+    w.key("id");
+    w.value(m.id);
+    w.key("object");
+    w.value(object);
+    w.key("created");
+    w.value(m.created);
+    w.key("model");
+    w.value(m.model);
+    w.key("system_fingerprint");
+    w.value(m.fingerprint);
+}
+
+void write_usage(json_writer& w, const job_usage& u) {
+    w.key("usage");
+    w.begin_object();
+    w.key("prompt_tokens");
+    w.value(u.prompt_tokens);
+    w.key("completion_tokens");
+    w.value(u.completion_tokens);
+    w.key("total_tokens");
+    w.value(u.prompt_tokens + u.completion_tokens);
+    w.key("prompt_tokens_details");
+    w.begin_object();
+    w.key("cached_tokens");
+    w.value(u.cached_tokens);
+    w.end_object();
+    w.end_object();
+}
+
+double per_second(int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; }
+
+// llama-server's timings object (server-task.cpp result_timings), plus our queue time.
+void write_timings(json_writer& w, const job_usage& u) {
+    const int64_t prompt_n = u.prompt_tokens - u.cached_tokens;
+    w.key("timings");
+    w.begin_object();
+    w.key("cache_n");
+    w.value(u.cached_tokens);
+    w.key("prompt_n");
+    w.value(prompt_n);
+    w.key("prompt_ms");
+    w.value(u.prefill_s * 1e3);
+    w.key("prompt_per_token_ms");
+    w.value(prompt_n > 0 ? u.prefill_s * 1e3 / double(prompt_n) : 0.0);
+    w.key("prompt_per_second");
+    w.value(per_second(prompt_n, u.prefill_s));
+    w.key("predicted_n");
+    w.value(u.completion_tokens);
+    w.key("predicted_ms");
+    w.value(u.decode_s * 1e3);
+    w.key("predicted_per_token_ms");
+    w.value(u.completion_tokens > 0 ? u.decode_s * 1e3 / double(u.completion_tokens) : 0.0);
+    w.key("predicted_per_second");
+    w.value(per_second(u.completion_tokens, u.decode_s));
+    w.key("queue_ms");
+    w.value(u.queue_s * 1e3);
+    w.end_object();
+}
+
+void write_bytes(json_writer& w, const std::string& b) {
+    w.key("bytes");
+    w.begin_array();
+    for (unsigned char c : b) w.value(int64_t(c));
+    w.end_array();
+}
+
+std::string token_text(const completion_job& job, int32_t id, const tokenizer* tok) {
+    (void)job;
+    return tok ? tok->token_bytes(id) : std::to_string(id);
+}
+
+// OpenAI chat logprobs: {"content":[{token, logprob, bytes, top_logprobs:[...]}]}.
+void write_chat_logprobs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& tokens,
+                         const tokenizer* tok) {
+    w.key("logprobs");
+    if (!job.request().logprobs_enabled) {
+        w.null();
+        return;
+    }
+    w.begin_object();
+    w.key("content");
+    w.begin_array();
+    for (const auto& t : tokens) {
+        w.begin_object();
+        w.key("id");
+        w.value(int64_t(t.id));
+        w.key("token");
+        w.value(t.bytes);
+        w.key("logprob");
+        w.value(t.logprob);
+        write_bytes(w, t.bytes);
+        w.key("top_logprobs");
+        w.begin_array();
+        for (const auto& c : t.top) {
+            const std::string b = token_text(job, c.token, tok);
+            w.begin_object();
+            w.key("id");
+            w.value(int64_t(c.token));
+            w.key("token");
+            w.value(b);
+            w.key("logprob");
+            w.value(c.logprob);
+            write_bytes(w, b);
+            w.end_object();
+        }
+        w.end_array();
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+}
+
+// OpenAI legacy completions logprobs: parallel arrays.
+void write_text_logprobs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& tokens,
+                         int64_t& offset, const tokenizer* tok) {
+    w.key("logprobs");
+    if (!job.request().logprobs_enabled) {
+        w.null();
+        return;
+    }
+    w.begin_object();
+    w.key("tokens");
+    w.begin_array();
+    for (const auto& t : tokens) w.value(t.bytes);
+    w.end_array();
+    w.key("token_logprobs");
+    w.begin_array();
+    for (const auto& t : tokens) w.value(t.logprob);
+    w.end_array();
+    w.key("top_logprobs");
+    w.begin_array();
+    for (const auto& t : tokens) {
+        w.begin_object();
+        for (const auto& c : t.top) {
+            w.key(token_text(job, c.token, tok));
+            w.value(c.logprob);
+        }
+        w.end_object();
+    }
+    w.end_array();
+    w.key("text_offset");
+    w.begin_array();
+    for (const auto& t : tokens) {
+        w.value(offset);
+        offset += int64_t(t.bytes.size());
+    }
+    w.end_array();
+    w.end_object();
+}
+
+void write_tool_call_deltas(json_writer& w, const std::vector<tool_call_delta>& calls) {
+    w.key("tool_calls");
+    w.begin_array();
+    for (const auto& c : calls) {
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(c.index));
+        if (!c.id.empty()) {
+            w.key("id");
+            w.value(c.id);
+            w.key("type");
+            w.value("function");
+        }
+        w.key("function");
+        w.begin_object();
+        if (!c.name.empty()) {
+            w.key("name");
+            w.value(c.name);
+        }
+        w.key("arguments");
+        w.value(c.arguments);
+        w.end_object();
+        w.end_object();
+    }
+    w.end_array();
+}
+
+const tokenizer* tok_of(const completion_job& job);
+
+}  // namespace
+
+void job_totals::add(const job_update& u) {
+    content += u.delta.content;
+    reasoning += u.delta.reasoning;
+    tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+    if (u.done) last = u;
+}
+
+// ---- chat ------------------------------------------------------------------------------------
+
+void chat_stream::on_update(const job_update& u, std::vector<std::string>& events) {
+    const bool has_text = !u.delta.content.empty() || !u.delta.reasoning.empty() || !u.delta.tool_calls.empty();
+    const bool has_tokens = !u.tokens.empty();
+    // The role goes out with the first token (never before: benchmark clients time TTFT at the
+    // first chunk that has choices).
+    if ((has_text || has_tokens) && u.finish_reason != "error") {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "chat.completion.chunk");
+        w.key("choices");
+        w.begin_array();
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(0));
+        w.key("delta");
+        w.begin_object();
+        if (!role_sent_) {
+            w.key("role");
+            w.value("assistant");
+            role_sent_ = true;
+        }
+        if (!u.delta.content.empty() || (u.delta.reasoning.empty() && u.delta.tool_calls.empty())) {
+            w.key("content");
+            w.value(u.delta.content);
+        }
+        if (!u.delta.reasoning.empty()) {
+            w.key("reasoning_content");
+            w.value(u.delta.reasoning);
+        }
+        if (!u.delta.tool_calls.empty()) write_tool_call_deltas(w, u.delta.tool_calls);
+        w.end_object();
+        write_chat_logprobs(w, job_, u.tokens, tok_of(job_));
+        w.key("finish_reason");
+        w.null();
+        w.end_object();
+        w.end_array();
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (!u.done || u.finish_reason == "error") return;
+    {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "chat.completion.chunk");
+        w.key("choices");
+        w.begin_array();
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(0));
+        w.key("delta");
+        w.begin_object();
+        w.end_object();
+        w.key("logprobs");
+        w.null();
+        w.key("finish_reason");
+        w.value(u.finish_reason == "cancelled" ? std::string("stop") : u.finish_reason);
+        w.end_object();
+        w.end_array();
+        write_timings(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (job_.request().include_usage) {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "chat.completion.chunk");
+        w.key("choices");
+        w.begin_array();
+        w.end_array();
+        write_usage(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+}
+
+std::string chat_completion_json(const response_meta& meta, const completion_job& job, const job_totals& t) {
+    const auto& parser = job.parser();
+    std::string out;
+    json_writer w(out);
+    w.begin_object();
+    write_meta(w, meta, "chat.completion");
+    w.key("choices");
+    w.begin_array();
+    w.begin_object();
+    w.key("index");
+    w.value(int64_t(0));
+    w.key("message");
+    w.begin_object();
+    w.key("role");
+    w.value("assistant");
+    w.key("content");
+    if (parser.tool_calls().empty() || !parser.content().empty()) w.value(parser.content());
+    else w.null();
+    if (!parser.reasoning().empty()) {
+        w.key("reasoning_content");
+        w.value(parser.reasoning());
+    }
+    if (!parser.tool_calls().empty()) {
+        w.key("tool_calls");
+        w.begin_array();
+        for (const auto& c : parser.tool_calls()) {
+            w.begin_object();
+            w.key("id");
+            w.value(c.id);
+            w.key("type");
+            w.value("function");
+            w.key("function");
+            w.begin_object();
+            w.key("name");
+            w.value(c.name);
+            w.key("arguments");
+            w.value(c.arguments);
+            w.end_object();
+            w.end_object();
+        }
+        w.end_array();
+    }
+    w.end_object();
+    write_chat_logprobs(w, job, t.tokens, tok_of(job));
+    w.key("finish_reason");
+    w.value(t.last.finish_reason == "cancelled" ? std::string("stop") : t.last.finish_reason);
+    w.end_object();
+    w.end_array();
+    write_usage(w, t.last.usage);
+    write_timings(w, t.last.usage);
+    w.end_object();
+    return out;
+}
+
+// ---- text completions --------------------------------------------------------------------------
+
+void text_stream::on_update(const job_update& u, std::vector<std::string>& events) {
+    std::string text;
+    if (!echo_sent_) {
+        echo_sent_ = true;
+        if (job_.request().echo) text = job_.prompt_text();
+    }
+    text += u.delta.content;
+    if ((!text.empty() || !u.tokens.empty()) && u.finish_reason != "error") {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "text_completion");
+        w.key("choices");
+        w.begin_array();
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(0));
+        w.key("text");
+        w.value(text);
+        write_text_logprobs(w, job_, u.tokens, text_offset_, tok_of(job_));
+        w.key("finish_reason");
+        w.null();
+        w.end_object();
+        w.end_array();
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (!u.done || u.finish_reason == "error") return;
+    {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "text_completion");
+        w.key("choices");
+        w.begin_array();
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(0));
+        w.key("text");
+        w.value("");
+        w.key("logprobs");
+        w.null();
+        w.key("finish_reason");
+        w.value(u.finish_reason == "cancelled" ? std::string("stop") : u.finish_reason);
+        w.end_object();
+        w.end_array();
+        write_timings(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (job_.request().include_usage) {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta_, "text_completion");
+        w.key("choices");
+        w.begin_array();
+        w.end_array();
+        write_usage(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+}
+
+std::string text_completion_json(const response_meta& meta, const completion_job& job, const job_totals& t) {
+    std::string out;
+    json_writer w(out);
+    w.begin_object();
+    write_meta(w, meta, "text_completion");
+    w.key("choices");
+    w.begin_array();
+    w.begin_object();
+    w.key("index");
+    w.value(int64_t(0));
+    w.key("text");
+    w.value(job.request().echo ? job.prompt_text() + t.content : t.content);
+    int64_t offset = job.request().echo ? int64_t(job.prompt_text().size()) : 0;
+    write_text_logprobs(w, job, t.tokens, offset, tok_of(job));
+    w.key("finish_reason");
+    w.value(t.last.finish_reason == "cancelled" ? std::string("stop") : t.last.finish_reason);
+    w.end_object();
+    w.end_array();
+    write_usage(w, t.last.usage);
+    write_timings(w, t.last.usage);
+    w.end_object();
+    return out;
+}
+
+// ---- llama-server native -----------------------------------------------------------------------
+
+namespace {
+
+void write_native_probs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& tokens) {
+    if (job.request().n_probs <= 0) return;
+    const tokenizer* tok = tok_of(job);
+    w.key("completion_probabilities");
+    w.begin_array();
+    for (const auto& t : tokens) {
+        w.begin_object();
+        w.key("id");
+        w.value(int64_t(t.id));
+        w.key("token");
+        w.value(t.bytes);
+        w.key("logprob");
+        w.value(t.logprob);
+        write_bytes(w, t.bytes);
+        w.key("top_logprobs");
+        w.begin_array();
+        for (const auto& c : t.top) {
+            const std::string b = token_text(job, c.token, tok);
+            w.begin_object();
+            w.key("id");
+            w.value(int64_t(c.token));
+            w.key("token");
+            w.value(b);
+            w.key("logprob");
+            w.value(c.logprob);
+            write_bytes(w, b);
+            w.end_object();
+        }
+        w.end_array();
+        w.end_object();
+    }
+    w.end_array();
+}
+
+void write_native_common(json_writer& w, const completion_job& job, const std::string& content,
+                         const std::vector<emitted_token>& tokens, bool stop, const job_usage& usage) {
+    w.key("index");
+    w.value(int64_t(0));
+    w.key("content");
+    w.value(content);
+    w.key("tokens");
+    w.begin_array();
+    for (const auto& t : tokens) w.value(int64_t(t.id));
+    w.end_array();
+    w.key("stop");
+    w.value(stop);
+    w.key("id_slot");
+    w.value(int64_t(-1));
+    w.key("tokens_predicted");
+    w.value(usage.completion_tokens);
+    w.key("tokens_evaluated");
+    w.value(usage.prompt_tokens);
+    write_native_probs(w, job, tokens);
+}
+
+void write_native_final(json_writer& w, const completion_job& job, const std::string& content,
+                        const std::vector<emitted_token>& tokens, const job_update& last) {
+    w.begin_object();
+    write_native_common(w, job, content, tokens, true, last.usage);
+    w.key("model");
+    w.value(job.request().model.empty() ? job.model().name : job.request().model);
+    w.key("stop_type");
+    w.value(last.stop_type);
+    w.key("stopping_word");
+    w.value(last.stopping_word);
+    w.key("tokens_cached");
+    w.value(last.usage.cached_tokens);
+    w.key("truncated");
+    w.value(false);
+    write_timings(w, last.usage);
+    w.end_object();
+}
+
+}  // namespace
+
+void native_stream_update(const completion_job& job, const job_update& u, std::vector<std::string>& events) {
+    if (u.finish_reason == "error") return;
+    if (!u.delta.content.empty() || !u.tokens.empty()) {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_native_common(w, job, u.delta.content, u.tokens, false, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (u.done) {
+        std::string out;
+        json_writer w(out);
+        write_native_final(w, job, "", {}, u);
+        events.push_back(std::move(out));
+    }
+}
+
+std::string native_completion_json(const completion_job& job, const job_totals& t) {
+    std::string out;
+    json_writer w(out);
+    write_native_final(w, job, t.content, t.tokens, t.last);
+    return out;
+}
+
+namespace {
+const tokenizer* tok_of(const completion_job& job) { return job.model().tok; }
+}  // namespace
+
+}  // namespace moestream::server

@@ -1,0 +1,155 @@
+// `moestream serve`: the HTTP/WebSocket server (server/) over the generation engine
+// (scheduler/engine.h) with the experts streamed through the tiers. The port is bound before the
+// model is opened, so /health answers 503 "Loading model" meanwhile.
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <spdlog/spdlog.h>
+
+#include "model/tokenizer.h"
+#include "scheduler/engine.h"
+#include "scheduler/model_gguf.h"
+#include "server/http_server.h"
+#include "server/service.h"
+#include "tools/command.h"
+#include "tools/model_session.h"
+
+namespace moestream::tools {
+namespace {
+
+constexpr std::string_view kName = "serve";
+
+result<std::chrono::seconds> seconds_option(const cli::args& a, std::string_view name, int64_t fallback) {
+    auto v = a.get_int(name, fallback);
+    if (!v) return v.err();
+    if (*v < 1) return make_error("--" + std::string(name) + " must be >= 1 second");
+    return std::chrono::seconds(*v);
+}
+
+int run(const cli::args& a) {
+    auto cfg = load_config(a);
+    if (!cfg) return usage_error(kName, cfg.message());
+    if (!a.positional().empty()) return usage_error(kName, "unexpected argument '" + a.positional()[0] + "'");
+    if (cfg->model.path.empty()) return usage_error(kName, "missing required option --model");
+
+    server::http_options http;
+    http.host = cfg->server.host;
+    http.port = uint16_t(cfg->server.port);
+    http.api_keys = cfg->server.api_keys;
+    http.cors_origins = cfg->server.cors_origins;
+    for (const auto& o : a.values("cors-origin")) http.cors_origins.push_back(o);
+    http.body_bytes_max = size_t(cfg->server.body_bytes_max);
+    http.request_timeout = std::chrono::seconds(cfg->server.request_timeout_s);
+    auto drain = seconds_option(a, "drain", 5);
+    if (!drain) return usage_error(kName, drain.message());
+    http.drain = *drain;
+    auto idle = seconds_option(a, "idle-timeout", 120);
+    if (!idle) return usage_error(kName, idle.message());
+    http.idle_timeout = *idle;
+    http.header_timeout = std::min(http.header_timeout, *idle);
+    auto io_threads = a.get_int("http-threads", 2);
+    if (!io_threads) return usage_error(kName, io_threads.message());
+    if (*io_threads < 1 || *io_threads > 64) return usage_error(kName, "--http-threads must be between 1 and 64");
+    http.io_threads = int(*io_threads);
+
+    server::service_limits limits;
+    limits.request_timeout = http.request_timeout;
+    server::service api(limits);
+    server::http_server srv(http, api);
+    auto port = srv.listen();
+    if (!port) return fail(kName, port.message());
+    srv.handle_signals();
+    // Scripts wait for this line (it carries the port when --port 0 picked one).
+    std::printf("moestream serve: listening on http://%s:%u (loading %s)\n", http.host.c_str(), unsigned(*port),
+                cfg->model.path.c_str());
+    std::fflush(stdout);
+
+    auto session = open_model_session(*cfg, false, true);
+    if (!session) {
+        srv.shutdown();
+        srv.wait();
+        return fail(kName, session.message());
+    }
+    auto& s = **session;
+    std::optional<tokenizer> tok;
+    if (s.files->target.find("tokenizer.ggml.tokens") != nullptr) {
+        auto data = read_tokenizer_data(s.files->target);
+        if (!data) return fail(kName, data.message());
+        auto t = tokenizer::create(*data);
+        if (!t) return fail(kName, cfg->model.path + ": " + t.message());
+        tok.emplace(std::move(*t));
+    }
+    engine_options eo;
+    eo.max_sequences = cfg->runtime.sequences_max;
+    eo.max_waiting = cfg->server.wait_queue_max;
+    eo.context_tokens = cfg->runtime.context_tokens;
+    if (s.streamed) {
+        const tiered_experts* tiers = s.streamed.get();
+        const engram_stream* engram = s.engram.get();
+        eo.waits = [tiers, engram] {
+            forward_waits w;
+            const auto c = tiers->counters();
+            w.experts_s = c.wait_seconds;
+            w.copy_s = c.copy_seconds;
+            if (engram) w.engram_s = engram->counters().wait_seconds;
+            return w;
+        };
+    }
+    engine eng(*s.model, eo);
+
+    server::served_model m;
+    m.eng = &eng;
+    m.tok = tok ? &*tok : nullptr;
+    m.name = a.get_or("alias", std::filesystem::path(cfg->model.path).stem().string());
+    m.path = cfg->model.path;
+    m.n_ctx = cfg->runtime.context_tokens;
+    m.n_ctx_train = s.hp().max_position;
+    m.n_vocab = s.hp().vocab;
+    for (const auto& t : s.files->target.tensors()) m.n_params += t.elements();
+    for (size_t i = 0; i < s.files->target.shard_count(); ++i)
+        m.size_bytes += int64_t(s.files->target.shard_size(uint32_t(i)));
+    m.slots = cfg->runtime.sequences_max;
+    m.eos_id = tok ? tok->data().eos_id : -1;
+    if (s.streamed) {
+        const tiered_experts* tiers = s.streamed.get();
+        const engram_stream* engram = s.engram.get();
+        m.streaming = [tiers, engram] { return server::streaming_figures_of(*tiers, engram); };
+    }
+    api.set_model(std::move(m));
+    spdlog::info("serving {} ({} sequences of {} tokens)", cfg->model.path, cfg->runtime.sequences_max,
+                 cfg->runtime.context_tokens);
+    std::printf("moestream serve: ready\n");
+    std::fflush(stdout);
+    srv.wait();
+    std::printf("moestream serve: stopped\n");
+    return 0;
+}
+
+std::span<const cli::option_spec> options() {
+    static const auto specs = with_config_options({
+        {"model", "FILE.gguf", "deepseek41 model file"},
+        {"host", "ADDR", "address to bind (default 127.0.0.1)"},
+        {"port", "N", "TCP port (default 8080; 0 picks a free one, printed at start)"},
+        {"api-key", "KEY", "require this key (Authorization: Bearer KEY or X-Api-Key) on every route but /health; "
+                           "repeat for several"},
+        {"cors-origin", "ORIGIN", "allow browser requests from ORIGIN (\"*\": any); repeat for several"},
+        {"alias", "NAME", "model name reported to clients (default: the file name)"},
+        {"drain", "S", "on SIGTERM, let running requests finish for S seconds before cancelling them (default 5)"},
+        {"idle-timeout", "S", "close keep-alive connections idle for S seconds (default 120)"},
+        {"http-threads", "N", "I/O threads of the HTTP server (default 2)"},
+    });
+    return specs;
+}
+
+const command kCommand{
+    kName,
+    "--model FILE.gguf [--config FILE.json] [--host ADDR] [--port N] [--api-key KEY]... [--cors-origin O]...",
+    "Serves the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models), llama-server "
+    "(/completion, /infill, /tokenize, /detokenize, /props, /slots), /health, /metrics (Prometheus), and the "
+    "multiplexed WebSocket token stream /v1/ws. Requests are batched continuously (runtime.sequences_max); a full "
+    "wait queue (server.wait_queue_max) answers 429. SIGTERM/SIGINT stop gracefully. See docs/api.md.",
+    options(), run};
+MS_REGISTER_COMMAND(kCommand);
+
+}  // namespace
+}  // namespace moestream::tools
