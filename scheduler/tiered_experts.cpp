@@ -25,6 +25,14 @@ uint64_t make_tag(int layer, int32_t expert, int p) {
 tiered_experts::tiered_experts(const loaded_model& m, tier_options opts) : m_(m), opts_(std::move(opts)) {}
 
 tiered_experts::~tiered_experts() {
+    if (copier_.joinable()) {
+        {
+            std::lock_guard lock(mu_);
+            copy_stop_ = true;
+        }
+        copy_wake_.notify_all();
+        copier_.join();
+    }
     reader_.reset();  // every in-flight read completes (or is cancelled) before the tiers go
     for (int fd : remap_fds_) ::close(fd);
 }
@@ -118,6 +126,8 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         }
         t->remap_pool_ = std::make_unique<thread_pool>(std::max(1, opts.remap_threads));
     }
+    // The baseline (remap-sync) copies on the compute thread, as the published port does.
+    if (t->device_ && !opts.remap_sync) t->copier_ = std::thread([self] { self->copy_loop(); });
     return t;
 }
 
@@ -163,6 +173,11 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
         for (expert_key k : need_pins_)
             if (host_->pins(k) > 0) host_->unpin(k);
         need_pins_.clear();
+        for (expert_key k : device_need_pins_)
+            if (device_->pins(k) > 0) device_->unpin(k);
+        device_need_pins_.clear();
+        promote_queue_.clear();  // promotions for the previous layer are no longer urgent
+        promoted_ahead_.clear();
         // Needed experts already in the host tier are pinned first, so the reads started below
         // (and device demotions) evict something else.
         for (int32_t e : experts) {
@@ -170,6 +185,7 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
             if (host_->lookup(key).state != storage::residency::absent) {
                 host_->pin(key);
                 need_pins_.push_back(key);
+                if (host_->lookup(key).state == storage::residency::resident) queue_promotion(key);
             }
         }
         for (int32_t e : experts) {
@@ -272,6 +288,7 @@ void tiered_experts::on_read(uint64_t tag, const status& st) {
             ++counters_.disk_reads;
             const layout& l = layout_of(layer, expert);
             for (const auto& p : l.parts) counters_.disk_bytes += p.where.bytes;
+            if (std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end()) queue_promotion(key);
         }
         loading_.erase(it);
     }
@@ -338,10 +355,17 @@ std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key
     const layout& l = layout_of(layer, expert);
     if (device_) {
         const auto d = device_->lookup(key);
+        if (d.state == storage::residency::loading) return std::nullopt;  // the copy thread is on it
         if (d.state == storage::residency::resident) {
-            ++counters_.device_hits;
+            if (promoted_ahead_.erase(key) > 0) ++counters_.host_hits;  // found in the host tier
+            else ++counters_.device_hits;
             device_->touch(key, step_);
-            device_->pin(key);
+            // Take over the copy thread's pin when there is one, else pin now.
+            if (auto it = std::find(device_need_pins_.begin(), device_need_pins_.end(), key);
+                it != device_need_pins_.end())
+                device_need_pins_.erase(it);
+            else
+                device_->pin(key);
             return views(l, device_slot(d.slot), false);
         }
     }
@@ -447,6 +471,75 @@ void tiered_experts::release(int layer, int32_t expert) {
         release_locked(layer, expert);
     }
     changed_.notify_all();
+}
+
+void tiered_experts::queue_promotion(expert_key key) {
+    if (!copier_.joinable()) return;
+    promote_queue_.push_back(key);
+    copy_wake_.notify_one();
+}
+
+void tiered_experts::copy_loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+        copy_wake_.wait(lock, [&] { return copy_stop_ || !promote_queue_.empty(); });
+        if (copy_stop_) return;
+        const expert_key key = promote_queue_.front();
+        promote_queue_.erase(promote_queue_.begin());
+        // Still wanted, in the host tier and not yet (being) moved up?
+        if (std::find(need_pins_.begin(), need_pins_.end(), key) == need_pins_.end()) continue;
+        if (device_->lookup(key).state != storage::residency::absent) continue;
+        const auto hs = host_->lookup(key);
+        if (hs.state != storage::residency::resident) continue;
+        auto grant = device_->begin_load(key);
+        if (!grant) continue;  // every device slot held: get() promotes it when one frees
+        const layout& l = layout_of(int(storage::key_layer(key)), int32_t(storage::key_expert(key)));
+        // The device victim moves down into the host tier when there is room (as in promote()).
+        std::optional<expert_key> victim;
+        std::optional<storage::slot_id> victim_host_slot;
+        if (grant->evicted) {
+            victim = *grant->evicted;
+            auto hg = host_->begin_load(*victim);
+            if (hg && hg->evicted) hint_started_.erase(*hg->evicted);
+            if (hg) victim_host_slot = hg->slot;
+        }
+        host_->pin(key);  // the source stays put while it is copied
+        const std::byte* src = host_slot(hs.slot);
+        std::byte* dst = device_slot(grant->slot);
+        lock.unlock();
+        // The victim's bytes leave the device slot before the new ones overwrite it.
+        const auto t0 = std::chrono::steady_clock::now();
+        if (victim_host_slot) {
+            const layout& vl = layout_of(int(storage::key_layer(*victim)), int32_t(storage::key_expert(*victim)));
+            copy_parts(vl, dst, false, host_slot(*victim_host_slot), true);
+        }
+        copy_parts(l, src, true, dst, false);
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        lock.lock();
+        if (victim_host_slot) {
+            host_->finish_load(*victim, true);
+            const layout& vl = layout_of(int(storage::key_layer(*victim)), int32_t(storage::key_expert(*victim)));
+            for (const auto& p : vl.parts) counters_.demoted_bytes += p.where.bytes;
+        }
+        device_->finish_load(key, true);
+        for (const auto& p : l.parts) counters_.promoted_bytes += p.where.bytes;
+        counters_.async_copy_seconds += dt;
+        ++counters_.async_promotions;
+        host_->unpin(key);
+        // Exclusive tiers: the host copy goes. A demanded expert keeps its protection, now on the
+        // device side, until get() takes it.
+        if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end()) {
+            need_pins_.erase(it);
+            host_->unpin(key);
+            device_->pin(key);
+            device_need_pins_.push_back(key);
+            promoted_ahead_.insert(key);
+        }
+        (void)host_->erase(key);
+        lock.unlock();
+        changed_.notify_all();
+        lock.lock();
+    }
 }
 
 tier_counters tiered_experts::counters() const {

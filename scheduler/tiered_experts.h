@@ -13,8 +13,8 @@
 // they sit, and the model's accumulation order is fixed (ascending expert id).
 //
 // Thread safety: need/get/release come from the compute thread; read completions arrive on the
-// reader's thread; one mutex guards the tier state (this is the part the coroutine scheduler's
-// strand takes over).
+// reader's thread; promotions ahead of demand run on a copy thread; one mutex guards the tier
+// state, and no copy is made while holding it on the copy thread.
 #pragma once
 
 #include <condition_variable>
@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "config/result.h"
@@ -65,7 +66,9 @@ struct tier_counters {
     uint64_t hint_reads = 0;     // reads started from look-ahead hints
     uint64_t hint_used = 0;      // of those, demanded afterwards (the rest was a wasted read)
     double wait_seconds = 0;     // compute thread blocked in get()
-    double copy_seconds = 0;     // host <-> device tier copies (promotions and demotions)
+    double copy_seconds = 0;     // host <-> device copies made on the compute thread (it waited)
+    double async_copy_seconds = 0;  // copies made by the copy thread, overlapping compute
+    uint64_t async_promotions = 0;  // experts the copy thread moved up before compute asked
 };
 
 class tiered_experts final : public dsv41::expert_source {
@@ -121,6 +124,12 @@ class tiered_experts final : public dsv41::expert_source {
     // can be had now.
     bool promote(storage::expert_key key);
     void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host);
+    // The copy thread (coroutine mode with a device tier): promotes demanded experts as soon as
+    // they are in the host tier (need() hits, completed reads), copying outside the lock, so the
+    // host -> device transfer overlaps compute like a GPU's copy engine. The compute thread
+    // promotes synchronously only what the copy thread has not reached.
+    void copy_loop();
+    void queue_promotion(storage::expert_key key);  // under the lock
 
     const loaded_model& m_;
     tier_options opts_;
@@ -155,6 +164,15 @@ class tiered_experts final : public dsv41::expert_source {
     void submit_hints();                               // takes the lock; call without it
     uint64_t step_ = 0;
     tier_counters counters_;
+    // Copy thread state (under mu_): keys to promote, device pins it made for demanded experts
+    // (taken over by get(), dropped by the next need()), keys it promoted that get() has not
+    // taken yet (their first take counts as a host hit, which is where they were found).
+    std::vector<storage::expert_key> promote_queue_;
+    std::vector<storage::expert_key> device_need_pins_;
+    std::set<storage::expert_key> promoted_ahead_;
+    std::condition_variable copy_wake_;
+    bool copy_stop_ = false;
+    std::thread copier_;
 };
 
 }  // namespace moestream

@@ -478,7 +478,7 @@ int run(const cli::args& a) {
     const double median = ratios[ratios.size() / 2];
     std::printf("all rounds: raw sequential %.2f GB/s, raw random %.2f GB/s, engine %.2f GB/s\n",
                 raw_gb[0] / std::max(raw_s[0], 1e-9), raw_gb[1] / std::max(raw_s[1], 1e-9), eng_gb / std::max(eng_s, 1e-9));
-    std::printf("engine / raw random: median %.0f%% over %zu rounds (min %.0f%%, max %.0f%%; target >= 90%%)%s\n", median,
+    std::printf("engine / raw random: median %.1f%% over %zu rounds (min %.1f%%, max %.1f%%; target >= 90%%)%s\n", median,
                 ratios.size(), ratios.front(), ratios.back(), median >= 90 ? "" : "  BELOW TARGET");
 
     if (fio_on_path()) {

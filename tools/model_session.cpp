@@ -28,6 +28,10 @@ void model_session::print_streaming_stats() const {
                  streamed->host_slots(), static_cast<unsigned long long>(k.hint_reads),
                  static_cast<unsigned long long>(k.hint_used), streamed->notes().empty() ? "" : "; ",
                  streamed->notes().c_str());
+    std::fprintf(stderr,
+                 "host->device copies: %.3f s on the compute thread, %.3f s on the copy thread (%llu experts "
+                 "promoted ahead of their use)\n",
+                 k.copy_seconds, k.async_copy_seconds, static_cast<unsigned long long>(k.async_promotions));
     if (engram) {
         const auto e = engram->counters();
         std::fprintf(stderr,
