@@ -35,8 +35,8 @@ test-release: build
 
 test-asan: deps
 	@cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOESTREAM_SANITIZE=ON -DMOESTREAM_CUDA=OFF >/dev/null
-	@cmake --build $(BUILD_ASAN) -j $(JOBS) --target test_config test_storage test_model test_tools test_exact moestream
-	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -R '^(config|storage|model|tools|exact|cli|convert|compare|model_cli)$$'
+	@cmake --build $(BUILD_ASAN) -j $(JOBS) --target test_config test_storage test_model test_tools test_exact test_server moestream
+	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -R '^(config|storage|model|tools|exact|server|cli|convert|compare|model_cli|serve|ws)$$'
 
 test-fuzz: deps
 	@tests/fuzz/run_fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) || { rc=$$?; [ $$rc -eq 77 ] && echo "fuzz: skipped"; [ $$rc -eq 77 ]; }

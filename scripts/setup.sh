@@ -43,4 +43,17 @@ if [[ ! -f $TOKENIZER_DIR/models/tokenizer.json ]]; then
   rm -rf "$TOKENIZER_DIR"
   mv "$work/package" "$TOKENIZER_DIR"
 fi
+
+# The server's client tests drive it with the official OpenAI SDK and the `ws` WebSocket client.
+NODE_DIR=".deps/node"
+NODE_PKGS=(openai@4 ws@8)
+node_missing=()
+for spec in "${NODE_PKGS[@]}"; do
+  [[ -f $NODE_DIR/node_modules/${spec%@*}/package.json ]] || node_missing+=("$spec")
+done
+if ((${#node_missing[@]})); then
+  echo "setup: installing ${node_missing[*]} into $NODE_DIR"
+  mkdir -p "$NODE_DIR"
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent "${node_missing[@]}"
+fi
 echo "setup: ok"

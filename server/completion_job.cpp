@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -17,7 +19,6 @@
 namespace moestream::server {
 
 namespace asio = boost::asio;
-using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
@@ -185,9 +186,12 @@ api_result<std::unique_ptr<completion_job>> completion_job::start(const served_m
     return api_result<std::unique_ptr<completion_job>>(std::move(job));
 }
 
+// Echo gives the prompt back as the client sent it: its text (decoding the ids would add the
+// BOS the server put in front: "<｜begin▁of▁sentence｜>Once upon..."), or the text of its ids.
 std::string completion_job::prompt_text() const {
+    if (req_.prompt_text) return *req_.prompt_text;
     if (!model_.tok) return {};
-    return model_.tok->decode(prompt_);
+    return model_.tok->decode(req_.prompt_tokens.empty() ? prompt_ : req_.prompt_tokens);
 }
 
 void completion_job::finish_text(job_update& u) {
@@ -261,10 +265,25 @@ asio::awaitable<std::optional<job_update>> completion_job::next(std::chrono::mil
     MS_ASSERT_MSG(!done_, "completion_job::next after the final update");
     asio::steady_timer timer(co_await asio::this_coro::executor);
     timer.expires_after(wait);
-    auto got = co_await (gen_->events().async_receive(asio::as_tuple(asio::use_awaitable)) ||
-                         timer.async_wait(asio::as_tuple(asio::use_awaitable)));
-    if (got.index() == 1) co_return std::nullopt;
-    auto [ec, event] = std::get<0>(std::move(got));
+    // Both waits run as coroutines of this executor (the channel's own executor is not run)
+    // in a parallel group, which reports both outcomes: an event handed over just as the timer
+    // fired is still used. (`receive || timer` returns the winner's result only and would drop
+    // it: a token lost from the stream while usage still counts it.)
+    auto receive = [](generation::channel& ch) -> asio::awaitable<std::tuple<boost::system::error_code, token_event>> {
+        co_return co_await ch.async_receive(asio::as_tuple(asio::use_awaitable));
+    };
+    auto sleep = [](asio::steady_timer& t) -> asio::awaitable<void> {
+        co_await t.async_wait(asio::as_tuple(asio::use_awaitable));
+    };
+    const auto ex = co_await asio::this_coro::executor;
+    auto [order, receive_failure, got, sleep_failure] =
+        co_await asio::experimental::make_parallel_group(asio::co_spawn(ex, receive(gen_->events()), asio::deferred),
+                                                         asio::co_spawn(ex, sleep(timer), asio::deferred))
+            .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+    (void)sleep_failure;
+    if (receive_failure) std::rethrow_exception(receive_failure);
+    auto& [ec, event] = got;
+    if (ec && order[0] == 1) co_return std::nullopt;  // the timer fired; the receive was cancelled
     if (ec) {
         job_update u;
         u.done = true;

@@ -242,11 +242,22 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
         co_await lingering_close(stream);
         co_return;
     }
+    bool after_first_request = false;
     for (;;) {
         if (shutting_down) co_return;
         http::request_parser<http::string_body> parser;
         parser.header_limit(uint32_t(std::min<size_t>(opts.header_bytes_max, UINT32_MAX)));
         parser.body_limit(opts.body_bytes_max);
+        // Between requests a keep-alive connection may stay idle for idle_timeout; a request's
+        // header (a new connection's first one from the connect on) must arrive within
+        // header_timeout once it has begun (slowloris).
+        if (after_first_request && buffer.size() == 0) {
+            stream.expires_after(opts.idle_timeout);
+            auto [iec, in] = co_await stream.async_read_some(buffer.prepare(16384), use_nothrow);
+            if (iec) co_return;  // idle for too long, gone, or closed by shutdown
+            buffer.commit(in);
+        }
+        after_first_request = true;
         stream.expires_after(opts.header_timeout);
         auto [hec, hn] = co_await http::async_read_header(stream, buffer, parser, use_nothrow);
         (void)hn;

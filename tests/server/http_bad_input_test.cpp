@@ -1,0 +1,253 @@
+// Bad input over real sockets: every case gets its exact status and an OpenAI-shaped error body,
+// and afterwards a normal request on a new connection still succeeds.
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "server_fixture.h"
+
+namespace moestream::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t k_body_limit = 1u << 20;
+
+struct bad_input_server {
+    static live_server_options options() {
+        live_server_options o;
+        o.http.header_timeout = std::chrono::seconds(2);
+        o.http.idle_timeout = std::chrono::seconds(4);
+        o.http.body_bytes_max = k_body_limit;
+        o.http.drain = std::chrono::seconds(1);
+        return o;
+    }
+    live_server srv{options()};
+    uint16_t port() const { return srv.port(); }
+
+    // POSTs `body` on a new connection, expects the error, then a normal request to succeed.
+    void expect_rejected(std::string_view target, std::string body, int status, std::string_view type,
+                         std::string_view param = {}) {
+        {
+            http_client c(port());
+            check_api_error(c.post(target, std::move(body)), status, type, param);
+        }
+        check_still_serving(port());
+    }
+};
+
+std::string request_head(std::string_view target, size_t content_length, std::string_view extra = {}) {
+    return "POST " + std::string(target) + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+           std::string(extra) + "Content-Length: " + std::to_string(content_length) + "\r\n\r\n";
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(http_bad_input, bad_input_server, *requires_live_server())
+
+BOOST_AUTO_TEST_CASE(malformed_json) {
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 3,)", 400, "invalid_request_error");
+    expect_rejected("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"})", 400,
+                    "invalid_request_error");
+    expect_rejected("/v1/completions", "", 400, "invalid_request_error");
+}
+
+BOOST_AUTO_TEST_CASE(invalid_utf8_in_json) {
+    expect_rejected("/v1/completions", "{\"prompt\": \"caf\xc3 \xff\xfe\", \"max_tokens\": 3}", 400,
+                    "invalid_request_error");
+    expect_rejected("/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"\xed\xa0\x80\"}]}",
+                    400, "invalid_request_error");
+}
+
+BOOST_AUTO_TEST_CASE(body_not_an_object) {
+    for (const char* body : {"[1, 2, 3]", "\"prompt\"", "42", "null", "true"})
+        expect_rejected("/v1/completions", body, 400, "invalid_request_error");
+}
+
+BOOST_AUTO_TEST_CASE(huge_numbers) {
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 1e300})", 400, "invalid_request_error",
+                    "max_tokens");
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 1180591620717411303424})", 400,
+                    "invalid_request_error", "max_tokens");
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": 1e400})", 400,
+                    "invalid_request_error", "temperature");
+    expect_rejected("/completion", R"({"prompt": "hi", "n_predict": 99999999999999999999999})", 400,
+                    "invalid_request_error", "n_predict");
+}
+
+BOOST_AUTO_TEST_CASE(negative_max_tokens) {
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": -5})", 400, "invalid_request_error",
+                    "max_tokens");
+    expect_rejected("/v1/chat/completions",
+                    R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1})", 400,
+                    "invalid_request_error", "max_completion_tokens");
+    expect_rejected("/completion", R"({"prompt": "hi", "n_predict": -2})", 400, "invalid_request_error", "n_predict");
+}
+
+BOOST_AUTO_TEST_CASE(wrong_types) {
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 3, "temperature": "hot"})", 400,
+                    "invalid_request_error", "temperature");
+    expect_rejected("/v1/chat/completions", R"({"messages": "hi"})", 400, "invalid_request_error", "messages");
+    expect_rejected("/v1/chat/completions", R"({"max_tokens": 3})", 400, "invalid_request_error", "messages");
+    expect_rejected("/v1/completions", R"({"prompt": "hi", "max_tokens": 1.5})", 400, "invalid_request_error",
+                    "max_tokens");
+}
+
+BOOST_AUTO_TEST_CASE(ten_thousand_stop_strings) {
+    std::string body = R"({"prompt": "hi", "max_tokens": 3, "stop": [)";
+    for (int i = 0; i < 10000; ++i) {
+        if (i) body += ',';
+        body += "\"s";
+        body += std::to_string(i);
+        body += '"';
+    }
+    body += "]}";
+    BOOST_TEST_REQUIRE(body.size() < k_body_limit);
+    expect_rejected("/v1/completions", body, 400, "invalid_request_error", "stop");
+}
+
+BOOST_AUTO_TEST_CASE(truncated_body) {
+    // Content-Length promises more than arrives, then the client stops sending: 400, and the
+    // connection is closed (the client still reads the answer: it only half-closed).
+    const std::string partial = R"({"prompt": "hel)";
+    {
+        raw_connection c(port());
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/completions", 100) + partial));
+        c.half_close();
+        auto got = c.read_until_close(10s);
+        BOOST_TEST(got.closed);
+        BOOST_TEST(status_of_raw(got.bytes) == 400, got.bytes);
+        check_api_error_body(body_of_raw(got.bytes), 400, "invalid_request_error");
+    }
+    // The client goes away completely in the middle of the body.
+    {
+        raw_connection c(port());
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/chat/completions", 5000) + partial));
+    }
+    // Or just stops sending: dropped after the header timeout without an answer.
+    {
+        raw_connection c(port());
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/completions", 100) + partial));
+        const auto t0 = std::chrono::steady_clock::now();
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(got.closed);
+        BOOST_TEST(seconds_since(t0) < 8.0);
+    }
+    check_still_serving(port());
+}
+
+BOOST_AUTO_TEST_CASE(body_over_the_limit) {
+    // Declared by Content-Length: refused from the header, the client still receives the 413.
+    {
+        raw_connection c(port());
+        const std::string body(2 * k_body_limit, 'x');
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/completions", body.size())));
+        c.send(body);  // may fail once the server has answered and closed: that is allowed
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(status_of_raw(got.bytes) == 413, got.bytes.substr(0, 300));
+        check_api_error_body(body_of_raw(got.bytes), 413, "invalid_request_error");
+        BOOST_TEST(got.closed);
+    }
+    // Chunked, so only counting the body finds it.
+    {
+        raw_connection c(port());
+        std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                           "Transfer-Encoding: chunked\r\n\r\n";
+        BOOST_TEST_REQUIRE(c.send(head));
+        const std::string piece(64 * 1024, 'y');
+        char size_line[32];
+        std::snprintf(size_line, sizeof size_line, "%zx\r\n", piece.size());
+        for (size_t sent = 0; sent <= 2 * k_body_limit; sent += piece.size())
+            if (!c.send(size_line + piece + "\r\n")) break;
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(status_of_raw(got.bytes) == 413, got.bytes.substr(0, 300));
+        check_api_error_body(body_of_raw(got.bytes), 413, "invalid_request_error");
+    }
+    check_still_serving(port());
+}
+
+BOOST_AUTO_TEST_CASE(header_flood) {
+    // Many header lines, and one huge line: both over the 64 KiB header limit -> 431.
+    std::string many = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+    for (int i = 0; i < 4000; ++i) many += "X-Flood-" + std::to_string(i) + ": " + std::string(40, 'f') + "\r\n";
+    many += "\r\n";
+    std::string huge = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nCookie: " + std::string(200 * 1024, 'c') + "\r\n\r\n";
+    for (const auto* flood : {&many, &huge}) {
+        raw_connection c(port());
+        c.send(*flood);
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(status_of_raw(got.bytes) == 431, got.bytes.substr(0, 300));
+        check_api_error_body(body_of_raw(got.bytes), 431, "invalid_request_error");
+        BOOST_TEST(got.closed);
+    }
+    check_still_serving(port());
+}
+
+BOOST_AUTO_TEST_CASE(garbage_request_line) {
+    raw_connection c(port());
+    c.send("HELLO THERE\r\n\r\n");
+    auto got = c.read_until_close(10s);
+    BOOST_TEST(status_of_raw(got.bytes) == 400, got.bytes);
+    check_api_error_body(body_of_raw(got.bytes), 400, "invalid_request_error");
+    BOOST_TEST(got.closed);
+    check_still_serving(port());
+}
+
+BOOST_AUTO_TEST_CASE(slowloris) {
+    // One header byte every 300 ms: the whole header must arrive within the header timeout (2 s
+    // here), so the server drops the connection after about 2 s while others are served.
+    raw_connection slow(port());
+    const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + std::string(64, 's');
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t sent = 0;
+    bool dropped = false;
+    while (sent < head.size() && std::chrono::steady_clock::now() - t0 < 12s) {
+        if (!slow.send(head.substr(sent, 1))) {
+            dropped = true;
+            break;
+        }
+        ++sent;
+        if (sent == 3) check_still_serving(port());  // others are served meanwhile
+        std::this_thread::sleep_for(300ms);
+        if (std::chrono::steady_clock::now() - t0 > 2500ms) {
+            // By now the server must have closed: reading sees EOF at once.
+            auto got = slow.read_until_close(3s);
+            dropped = got.closed;
+            BOOST_TEST(got.bytes.empty(), "a slowloris client got an answer: " << got.bytes);
+            break;
+        }
+    }
+    const double held = seconds_since(t0);
+    BOOST_TEST(dropped, "the slow client was not disconnected");
+    BOOST_TEST(held >= 1.5);
+    BOOST_TEST(held < 8.0);
+    BOOST_TEST(sent < head.size());
+    check_still_serving(port());
+}
+
+BOOST_AUTO_TEST_CASE(idle_connections) {
+    // A connection that never sends a byte is dropped after the header timeout (2 s here)...
+    {
+        raw_connection silent(port());
+        const auto t0 = std::chrono::steady_clock::now();
+        auto got = silent.read_until_close(10s);
+        BOOST_TEST(got.closed);
+        BOOST_TEST(got.bytes.empty());
+        BOOST_TEST(seconds_since(t0) > 1.5);
+        BOOST_TEST(seconds_since(t0) < 4.0);
+    }
+    // ...while a keep-alive connection between requests may idle for the idle timeout (4 s).
+    http_client c(port());
+    BOOST_TEST(c.post("/v1/completions", R"({"prompt":"Hi","max_tokens":2})").status == 200);
+    std::this_thread::sleep_for(3s);
+    BOOST_TEST(c.get("/health").status == 200, "the keep-alive connection was closed before the idle timeout");
+    const auto t0 = std::chrono::steady_clock::now();
+    BOOST_TEST(c.closed_by_server(10s));
+    BOOST_TEST(seconds_since(t0) > 3.0);
+    BOOST_TEST(seconds_since(t0) < 6.5);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace moestream::test
