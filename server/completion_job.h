@@ -65,7 +65,7 @@ class completion_job {
 
     const completion_request& request() const { return req_; }
     const std::vector<int32_t>& prompt() const { return prompt_; }
-    // The prompt as text (echo, native "prompt"), from the tokenizer.
+    // The prompt as the client sent it (echo): its text, or the decoded ids it gave.
     std::string prompt_text() const;
     const output_parser& parser() const { return parser_; }
     const served_model& model() const { return model_; }
