@@ -82,6 +82,33 @@ std::string token_text(const completion_job& job, int32_t id, const tokenizer* t
 }
 
 // OpenAI chat logprobs: {"content":[{token, logprob, bytes, top_logprobs:[...]}]}.
+// One token with its alternatives, as OpenAI chat logprobs and llama-server's
+// completion_probabilities both write it: {id, token, logprob, bytes, top_logprobs:[{id, token,
+// logprob, bytes}]}.
+void write_token_probs(json_writer& w, const completion_job& job, const emitted_token& t, const tokenizer* tok) {
+    auto entry = [&](int32_t id, const std::string& bytes, double logprob) {
+        w.key("id");
+        w.value(int64_t(id));
+        w.key("token");
+        w.value(bytes);
+        w.key("logprob");
+        w.value(logprob);
+        write_bytes(w, bytes);
+    };
+    w.begin_object();
+    entry(t.id, t.bytes, t.logprob);
+    w.key("top_logprobs");
+    w.begin_array();
+    for (const auto& c : t.top) {
+        w.begin_object();
+        entry(c.token, token_text(job, c.token, tok), c.logprob);
+        w.end_object();
+    }
+    w.end_array();
+    w.end_object();
+}
+
+// OpenAI chat logprobs: {"content":[token entries]}.
 void write_chat_logprobs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& tokens,
                          const tokenizer* tok) {
     w.key("logprobs");
@@ -92,32 +119,7 @@ void write_chat_logprobs(json_writer& w, const completion_job& job, const std::v
     w.begin_object();
     w.key("content");
     w.begin_array();
-    for (const auto& t : tokens) {
-        w.begin_object();
-        w.key("id");
-        w.value(int64_t(t.id));
-        w.key("token");
-        w.value(t.bytes);
-        w.key("logprob");
-        w.value(t.logprob);
-        write_bytes(w, t.bytes);
-        w.key("top_logprobs");
-        w.begin_array();
-        for (const auto& c : t.top) {
-            const std::string b = token_text(job, c.token, tok);
-            w.begin_object();
-            w.key("id");
-            w.value(int64_t(c.token));
-            w.key("token");
-            w.value(b);
-            w.key("logprob");
-            w.value(c.logprob);
-            write_bytes(w, b);
-            w.end_object();
-        }
-        w.end_array();
-        w.end_object();
-    }
+    for (const auto& t : tokens) write_token_probs(w, job, t, tok);
     w.end_array();
     w.end_object();
 }
@@ -431,32 +433,7 @@ void write_native_probs(json_writer& w, const completion_job& job, const std::ve
     const tokenizer* tok = tok_of(job);
     w.key("completion_probabilities");
     w.begin_array();
-    for (const auto& t : tokens) {
-        w.begin_object();
-        w.key("id");
-        w.value(int64_t(t.id));
-        w.key("token");
-        w.value(t.bytes);
-        w.key("logprob");
-        w.value(t.logprob);
-        write_bytes(w, t.bytes);
-        w.key("top_logprobs");
-        w.begin_array();
-        for (const auto& c : t.top) {
-            const std::string b = token_text(job, c.token, tok);
-            w.begin_object();
-            w.key("id");
-            w.value(int64_t(c.token));
-            w.key("token");
-            w.value(b);
-            w.key("logprob");
-            w.value(c.logprob);
-            write_bytes(w, b);
-            w.end_object();
-        }
-        w.end_array();
-        w.end_object();
-    }
+    for (const auto& t : tokens) write_token_probs(w, job, t, tok);
     w.end_array();
 }
 

@@ -8,3 +8,37 @@ expect_fail() {
   [[ $rc == "$code" ]] || fail "expected exit $code from '$*', got $rc: $out"
   grep -q -- "$pattern" <<<"$out" || fail "message of '$*' lacks '$pattern': $out"
 }
+
+# Server tests (serve_test.sh, ws_test.sh): sets SRC, TOKJSON and MOESTREAM_NODE_DIR, skips (exit
+# 77) unless the tokenizer, node, the given commands and npm packages are there, and makes WORK, a
+# temporary folder removed at exit together with the server whose pid is in SERVER.
+# Usage: server_test_setup "cmd1 cmd2" "npm-pkg1 npm-pkg2"
+server_test_setup() {
+  SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  TOKJSON="$SRC/.deps/tokenizer-deepseek_v3/models/tokenizer.json"
+  export MOESTREAM_NODE_DIR="${MOESTREAM_NODE_DIR:-$SRC/.deps/node}"
+  if [[ ! -f $TOKJSON ]]; then
+    echo "SKIP: $TOKJSON is absent (run scripts/setup.sh): the test model needs the tokenizer"
+    exit 77
+  fi
+  local tool pkg
+  for tool in $1; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "SKIP: $tool is not installed (run scripts/setup.sh)"
+      exit 77
+    fi
+  done
+  for pkg in $2; do
+    if [[ ! -f $MOESTREAM_NODE_DIR/node_modules/$pkg/package.json ]]; then
+      echo "SKIP: the $pkg npm package is absent from $MOESTREAM_NODE_DIR/node_modules (run scripts/setup.sh)"
+      exit 77
+    fi
+  done
+  WORK=$(mktemp -d)
+  SERVER=
+  trap server_test_cleanup EXIT
+}
+server_test_cleanup() {
+  if [[ -n ${SERVER:-} ]] && kill -0 "$SERVER" 2>/dev/null; then kill -KILL "$SERVER" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}

@@ -7,34 +7,9 @@
 set -euo pipefail
 BIN=$(realpath "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cd "$HERE/../.." && pwd)
-TOKJSON="$SRC/.deps/tokenizer-deepseek_v3/models/tokenizer.json"
-export MOESTREAM_NODE_DIR="${MOESTREAM_NODE_DIR:-$SRC/.deps/node}"
 # shellcheck source=tests/cli/lib.sh
 source "$HERE/lib.sh"
-
-if [[ ! -f $TOKJSON ]]; then
-  echo "SKIP: $TOKJSON is absent (run scripts/setup.sh): the test model needs the tokenizer"
-  exit 77
-fi
-for tool in node curl; do
-  if ! command -v $tool >/dev/null; then
-    echo "SKIP: $tool is not installed (run scripts/setup.sh)"
-    exit 77
-  fi
-done
-if [[ ! -f $MOESTREAM_NODE_DIR/node_modules/openai/package.json ]]; then
-  echo "SKIP: the openai npm package is absent from $MOESTREAM_NODE_DIR/node_modules (run scripts/setup.sh)"
-  exit 77
-fi
-
-WORK=$(mktemp -d)
-SERVER=
-cleanup() {
-  if [[ -n $SERVER ]] && kill -0 "$SERVER" 2>/dev/null; then kill -KILL "$SERVER" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+server_test_setup "node curl" "openai"
 
 # jcheck FILE JS-EXPRESSION WHAT: the expression (over `d`, the parsed file) is true.
 jcheck() {

@@ -5,32 +5,9 @@
 set -euo pipefail
 BIN=$(realpath "$1")
 HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cd "$HERE/../.." && pwd)
-TOKJSON="$SRC/.deps/tokenizer-deepseek_v3/models/tokenizer.json"
-export MOESTREAM_NODE_DIR="${MOESTREAM_NODE_DIR:-$SRC/.deps/node}"
 # shellcheck source=tests/cli/lib.sh
 source "$HERE/lib.sh"
-
-if [[ ! -f $TOKJSON ]]; then
-  echo "SKIP: $TOKJSON is absent (run scripts/setup.sh): the test model needs the tokenizer"
-  exit 77
-fi
-if ! command -v node >/dev/null; then
-  echo "SKIP: node is not installed (run scripts/setup.sh)"
-  exit 77
-fi
-if [[ ! -f $MOESTREAM_NODE_DIR/node_modules/ws/package.json ]]; then
-  echo "SKIP: the ws npm package is absent from $MOESTREAM_NODE_DIR/node_modules (run scripts/setup.sh)"
-  exit 77
-fi
-
-WORK=$(mktemp -d)
-SERVER=
-cleanup() {
-  if [[ -n $SERVER ]] && kill -0 "$SERVER" 2>/dev/null; then kill -KILL "$SERVER" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+server_test_setup "node" "ws"
 
 "$BIN" forge --preset tiny --out "$WORK/tiny.gguf" >/dev/null
 KEY="ws-test-key-$$"
