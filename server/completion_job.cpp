@@ -137,6 +137,12 @@ void completion_job::cancel() {
     if (gen_) gen_->cancel();
 }
 
+void completion_job::abandon() {
+    if (!gen_) return;
+    gen_->cancel();
+    gen_->events().cancel();
+}
+
 api_result<std::unique_ptr<completion_job>> completion_job::start(const served_model& m, completion_request req,
                                                                   constraint_spec constraint) {
     if (!m.eng) return unavailable("Loading model");

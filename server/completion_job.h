@@ -62,6 +62,8 @@ class completion_job {
     // done = true there are no more.
     boost::asio::awaitable<std::optional<job_update>> next(std::chrono::milliseconds wait);
     void cancel();
+    // cancel(), and completes a pending next() with an error now (the transport is going away).
+    void abandon();
 
     const completion_request& request() const { return req_; }
     const std::vector<int32_t>& prompt() const { return prompt_; }

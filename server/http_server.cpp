@@ -62,15 +62,17 @@ struct connection {
 struct http_server::impl {
     http_options& opts;
     service& api;
+    // Declared before the io_context, so they outlive it: destroying the io_context destroys
+    // the coroutine frames still queued in it, whose guards unregister their connection here.
+    std::mutex mu;
+    std::unordered_map<uint64_t, std::weak_ptr<connection>> connections;
+    uint64_t next_id = 0;
+    std::atomic<size_t> live{0};
     asio::io_context ioc;
     asio::executor_work_guard<asio::io_context::executor_type> work{ioc.get_executor()};
     tcp::acceptor acceptor{ioc};
     asio::signal_set signals{ioc};
     std::vector<std::thread> threads;
-    std::mutex mu;
-    std::unordered_map<uint64_t, std::weak_ptr<connection>> connections;
-    uint64_t next_id = 0;
-    std::atomic<size_t> live{0};
     std::atomic<bool> shutting_down{false};
 
     impl(http_options& o, service& a) : opts(o), api(a) {}
@@ -392,6 +394,12 @@ http_server::http_server(http_options opts, service& api) : opts_(std::move(opts
 http_server::~http_server() {
     shutdown();
     wait();
+    // A request coroutine may still wait on its generation's channel, whose operations live in
+    // the engine's context, not in ours: cancel them now (their handlers are queued here) and
+    // run what is ready, so no operation outlives this io_context and completes into it later.
+    impl_->api.abandon_all();
+    impl_->ioc.restart();
+    impl_->ioc.poll();
 }
 
 result<uint16_t> http_server::listen() {

@@ -294,6 +294,11 @@ void service::cancel_all() {
     for (auto* j : jobs_) j->cancel();
 }
 
+void service::abandon_all() {
+    std::lock_guard lock(jobs_mu_);
+    for (auto* j : jobs_) j->abandon();
+}
+
 // ---- completions ---------------------------------------------------------------------------------
 
 asio::awaitable<int> service::completion(const api_request& req, responder& out, int kind) {

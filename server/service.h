@@ -90,6 +90,8 @@ class service {
     // every job it runs, so the shutdown drain waits for it.
     size_t live_jobs() const;
     void cancel_all();
+    // Transport teardown: cancels every registered job and the pending waits on its events.
+    void abandon_all();
     class job_registration {
       public:
         job_registration(service& s, completion_job* job);
