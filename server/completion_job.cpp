@@ -138,6 +138,9 @@ void completion_job::cancel() {
 }
 
 void completion_job::abandon() {
+    // The flag first: a coroutine resumed later (its handler was already queued) must not start
+    // a new wait on the channel after the pending ones were cancelled.
+    abandoned_ = true;
     if (!gen_) return;
     gen_->cancel();
     gen_->events().cancel();
@@ -269,6 +272,14 @@ job_update completion_job::from_event(const token_event& e) {
 
 asio::awaitable<std::optional<job_update>> completion_job::next(std::chrono::milliseconds wait) {
     MS_ASSERT_MSG(!done_, "completion_job::next after the final update");
+    if (abandoned_) {
+        done_ = true;
+        job_update u;
+        u.done = true;
+        u.finish_reason = "error";
+        u.error = make_api_error(503, "unavailable_error", "the server is shutting down");
+        co_return u;
+    }
     asio::steady_timer timer(co_await asio::this_coro::executor);
     timer.expires_after(wait);
     // Both waits run as coroutines of this executor (the channel's own executor is not run)

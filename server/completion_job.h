@@ -5,6 +5,7 @@
 // routes format updates as OpenAI chunks or llama-server objects; the WebSocket as its deltas.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <memory>
@@ -90,6 +91,7 @@ class completion_job {
     stop_matcher stops_;
     output_parser parser_;
     bool done_ = false;
+    std::atomic<bool> abandoned_{false};  // next() no longer waits on the engine
     bool stopped_by_word_ = false;
 };
 
