@@ -40,6 +40,9 @@ struct http_options {
     int io_threads = 2;
 };
 
+// Lifetime: destroy the engine the service serves before the server (as `moestream serve`
+// does): a generation the engine finishes later would complete its waiter into this server's
+// io_context.
 class http_server {
   public:
     http_server(http_options opts, service& api);

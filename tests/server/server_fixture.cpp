@@ -204,9 +204,11 @@ live_server::live_server(live_server_options o) {
 
 live_server::~live_server() {
     stop();
+    // The order of `moestream serve`: the engine goes first (it ends every generation while the
+    // server's io_context still exists to take the final events), then the server, then the API.
+    engine_.reset();
     http_.reset();
     service_.reset();
-    engine_.reset();
 }
 
 void live_server::stop() {
