@@ -50,6 +50,7 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
     const int layers = hp.n_layers + (m.draft_file ? hp.n_mtp : 0);
     t->max_experts_ = std::max(hp.n_experts, m.draft_file ? hp.dspark_n_experts : 0);
     t->layouts_.resize(size_t(layers) * size_t(t->max_experts_));
+    t->demanded_.assign(t->layouts_.size(), false);
     std::vector<std::string> paths;
     for (size_t s = 0; s < m.target.shard_count(); ++s) paths.push_back(m.target.shard_path(uint32_t(s)));
     const uint32_t draft_file_index = uint32_t(paths.size());
@@ -414,6 +415,12 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
             const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
             if (auto w = take_if_resident(key)) {
                 ++counters_.demands;
+                const size_t seen = size_t(layer) * size_t(max_experts_) + size_t(expert);
+                if (!demanded_[seen]) {
+                    demanded_[seen] = true;
+                    ++counters_.first_demands;
+                    ++counters_.working_set;
+                }
                 if (auto h = hint_started_.find(key); h != hint_started_.end()) {
                     ++counters_.hint_used;
                     hint_started_.erase(h);

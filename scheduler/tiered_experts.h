@@ -69,6 +69,10 @@ struct tier_counters {
     double copy_seconds = 0;     // host <-> device copies made on the compute thread (it waited)
     double async_copy_seconds = 0;  // copies made by the copy thread, overlapping compute
     uint64_t async_promotions = 0;  // experts the copy thread moved up before compute asked
+    // Routing statistics: demands of an expert never demanded before (their count over tokens is
+    // "new experts per token"), and how many distinct experts have been demanded (the working set).
+    uint64_t first_demands = 0;
+    uint64_t working_set = 0;
 };
 
 class tiered_experts final : public dsv41::expert_source {
@@ -164,6 +168,7 @@ class tiered_experts final : public dsv41::expert_source {
     void submit_hints();                               // takes the lock; call without it
     uint64_t step_ = 0;
     tier_counters counters_;
+    std::vector<bool> demanded_;  // [layer * max_experts + expert]: demanded at least once
     // Copy thread state (under mu_): keys to promote, device pins it made for demanded experts
     // (taken over by get(), dropped by the next need()), keys it promoted that get() has not
     // taken yet (their first take counts as a host hit, which is where they were found).

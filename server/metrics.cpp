@@ -245,6 +245,8 @@ streaming_figures streaming_figures_from(const tier_counters& t, const io::reade
     f.hint_used = t.hint_used;
     f.wait_seconds = t.wait_seconds;
     f.copy_seconds = t.copy_seconds;
+    f.first_demands = t.first_demands;
+    f.working_set = t.working_set;
     f.disk_seconds = reads.busy_seconds;
     f.reads_in_flight_mean = reads.time_mean_in_flight;
     f.reads_in_flight_max = reads.max_in_flight;
@@ -362,6 +364,10 @@ std::string server_metrics::render(const engine_stats& engine, const streaming_f
         x.counter("moestream:expert_wait_seconds_total", "Time compute waited for experts.", s.wait_seconds);
         x.counter("moestream:expert_copy_seconds_total", "Time spent copying experts between the host and device tiers.",
                   s.copy_seconds);
+        x.counter("moestream:expert_first_demands_total",
+                  "Demands of an expert never demanded before (over generation tokens: new experts per token).",
+                  s.first_demands);
+        x.gauge("moestream:expert_working_set", "Distinct experts demanded so far (the working set).", s.working_set);
         x.counter("moestream:disk_read_seconds_total", "Time with at least one expert read in flight.", s.disk_seconds);
         x.gauge("moestream:expert_reads_in_flight_mean", "Mean expert reads in flight while reading.",
                 s.reads_in_flight_mean);

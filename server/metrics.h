@@ -39,6 +39,9 @@
 //   moestream:expert_hint_reads_total, moestream:expert_hint_used_total   look-ahead reads, useful ones
 //   moestream:expert_wait_seconds_total         compute blocked waiting for experts
 //   moestream:expert_copy_seconds_total         host <-> device tier copies
+//   moestream:expert_first_demands_total (c)    demands of an expert never demanded before (divide by
+//                                               generation tokens: new experts per token)
+//   moestream:expert_working_set (g)            distinct experts demanded so far
 //   moestream:disk_read_seconds_total           wall time with at least one expert read in flight
 //   moestream:expert_reads_in_flight_mean (g), moestream:expert_reads_in_flight_max (g)   queue depth
 //   moestream:engram_rows_requested_total, moestream:engram_rows_read_total,
@@ -110,6 +113,7 @@ struct streaming_figures {
     uint64_t demands = 0, device_hits = 0, device_misses = 0, host_hits = 0, host_misses = 0, joins = 0;
     uint64_t disk_reads = 0, disk_bytes = 0, promoted_bytes = 0, demoted_bytes = 0, read_errors = 0;
     uint64_t hint_reads = 0, hint_used = 0;
+    uint64_t first_demands = 0, working_set = 0;  // routing: new experts, distinct experts so far
     double wait_seconds = 0;
     double copy_seconds = 0;            // host <-> device tier copies
     double disk_seconds = 0;            // reader busy time (>= 1 read in flight)
