@@ -191,6 +191,57 @@ void write_tool_call_deltas(json_writer& w, const std::vector<tool_call_delta>& 
 
 const tokenizer* tok_of(const completion_job& job);
 
+// OpenAI has no "cancelled": a generation ended early from our side reads as a stop.
+std::string openai_finish_reason(const job_update& u) {
+    return u.finish_reason == "cancelled" ? std::string("stop") : u.finish_reason;
+}
+
+// The end of an OpenAI stream, chat and text alike: the finish chunk (empty delta for chat, empty
+// text otherwise) with the timings, then, when asked for, the usage chunk with choices [].
+void closing_chunks(const response_meta& meta, const char* object, bool chat, const completion_job& job,
+                    const job_update& u, std::vector<std::string>& events) {
+    {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta, object);
+        w.key("choices");
+        w.begin_array();
+        w.begin_object();
+        w.key("index");
+        w.value(int64_t(0));
+        if (chat) {
+            w.key("delta");
+            w.begin_object();
+            w.end_object();
+        } else {
+            w.key("text");
+            w.value("");
+        }
+        w.key("logprobs");
+        w.null();
+        w.key("finish_reason");
+        w.value(openai_finish_reason(u));
+        w.end_object();
+        w.end_array();
+        write_timings(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+    if (job.request().include_usage) {
+        std::string out;
+        json_writer w(out);
+        w.begin_object();
+        write_meta(w, meta, object);
+        w.key("choices");
+        w.begin_array();
+        w.end_array();
+        write_usage(w, u.usage);
+        w.end_object();
+        events.push_back(std::move(out));
+    }
+}
+
 }  // namespace
 
 void job_totals::add(const job_update& u) {
@@ -243,41 +294,7 @@ void chat_stream::on_update(const job_update& u, std::vector<std::string>& event
         events.push_back(std::move(out));
     }
     if (!u.done || u.finish_reason == "error") return;
-    {
-        std::string out;
-        json_writer w(out);
-        w.begin_object();
-        write_meta(w, meta_, "chat.completion.chunk");
-        w.key("choices");
-        w.begin_array();
-        w.begin_object();
-        w.key("index");
-        w.value(int64_t(0));
-        w.key("delta");
-        w.begin_object();
-        w.end_object();
-        w.key("logprobs");
-        w.null();
-        w.key("finish_reason");
-        w.value(u.finish_reason == "cancelled" ? std::string("stop") : u.finish_reason);
-        w.end_object();
-        w.end_array();
-        write_timings(w, u.usage);
-        w.end_object();
-        events.push_back(std::move(out));
-    }
-    if (job_.request().include_usage) {
-        std::string out;
-        json_writer w(out);
-        w.begin_object();
-        write_meta(w, meta_, "chat.completion.chunk");
-        w.key("choices");
-        w.begin_array();
-        w.end_array();
-        write_usage(w, u.usage);
-        w.end_object();
-        events.push_back(std::move(out));
-    }
+    closing_chunks(meta_, "chat.completion.chunk", true, job_, u, events);
 }
 
 std::string chat_completion_json(const response_meta& meta, const completion_job& job, const job_totals& t) {
@@ -325,7 +342,7 @@ std::string chat_completion_json(const response_meta& meta, const completion_job
     w.end_object();
     write_chat_logprobs(w, job, t.tokens, tok_of(job));
     w.key("finish_reason");
-    w.value(t.last.finish_reason == "cancelled" ? std::string("stop") : t.last.finish_reason);
+    w.value(openai_finish_reason(t.last));
     w.end_object();
     w.end_array();
     write_usage(w, t.last.usage);
@@ -364,40 +381,7 @@ void text_stream::on_update(const job_update& u, std::vector<std::string>& event
         events.push_back(std::move(out));
     }
     if (!u.done || u.finish_reason == "error") return;
-    {
-        std::string out;
-        json_writer w(out);
-        w.begin_object();
-        write_meta(w, meta_, "text_completion");
-        w.key("choices");
-        w.begin_array();
-        w.begin_object();
-        w.key("index");
-        w.value(int64_t(0));
-        w.key("text");
-        w.value("");
-        w.key("logprobs");
-        w.null();
-        w.key("finish_reason");
-        w.value(u.finish_reason == "cancelled" ? std::string("stop") : u.finish_reason);
-        w.end_object();
-        w.end_array();
-        write_timings(w, u.usage);
-        w.end_object();
-        events.push_back(std::move(out));
-    }
-    if (job_.request().include_usage) {
-        std::string out;
-        json_writer w(out);
-        w.begin_object();
-        write_meta(w, meta_, "text_completion");
-        w.key("choices");
-        w.begin_array();
-        w.end_array();
-        write_usage(w, u.usage);
-        w.end_object();
-        events.push_back(std::move(out));
-    }
+    closing_chunks(meta_, "text_completion", false, job_, u, events);
 }
 
 std::string text_completion_json(const response_meta& meta, const completion_job& job, const job_totals& t) {
@@ -415,7 +399,7 @@ std::string text_completion_json(const response_meta& meta, const completion_job
     int64_t offset = job.request().echo ? int64_t(job.prompt_text().size()) : 0;
     write_text_logprobs(w, job, t.tokens, offset, tok_of(job));
     w.key("finish_reason");
-    w.value(t.last.finish_reason == "cancelled" ? std::string("stop") : t.last.finish_reason);
+    w.value(openai_finish_reason(t.last));
     w.end_object();
     w.end_array();
     write_usage(w, t.last.usage);

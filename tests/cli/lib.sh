@@ -42,3 +42,29 @@ server_test_cleanup() {
   if [[ -n ${SERVER:-} ]] && kill -0 "$SERVER" 2>/dev/null; then kill -KILL "$SERVER" 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
+# The server whose pid is in SERVER (log in $WORK/serve.log) was sent SIGTERM: it must exit by
+# itself within 20 s, with status 0 and its "stopped" line.
+expect_clean_stop() {
+  for _ in $(seq 200); do
+    kill -0 "$SERVER" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVER" 2>/dev/null; then fail "the server did not stop within 20 s of SIGTERM"; fi
+  local src=0
+  wait "$SERVER" || src=$?
+  SERVER=
+  [[ $src == 0 ]] || fail "the server exited with $src after SIGTERM: $(tail -n 20 "$WORK/serve.log")"
+  grep -q "moestream serve: stopped" "$WORK/serve.log" || fail "no 'stopped' line: $(tail -n 20 "$WORK/serve.log")"
+}
+# The server started in the background (pid in SERVER, log in $WORK/serve.log) must print its
+# "ready" line within 60 s; sets PORT from its "listening on" line.
+wait_ready() {
+  for _ in $(seq 600); do
+    grep -q "moestream serve: ready" "$WORK/serve.log" && break
+    kill -0 "$SERVER" 2>/dev/null || fail "the server exited during start-up: $(cat "$WORK/serve.log")"
+    sleep 0.1
+  done
+  grep -q "moestream serve: ready" "$WORK/serve.log" || fail "the server did not get ready within 60 s: $(cat "$WORK/serve.log")"
+  PORT=$(sed -n 's|^moestream serve: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$WORK/serve.log" | head -1)
+  [[ -n $PORT ]] || fail "no port in the server's start-up line: $(cat "$WORK/serve.log")"
+}

@@ -35,14 +35,7 @@ expect_fail 2 "--concurrency must be between" "$BIN" bench serve --url http://12
 "$BIN" serve --model "$WORK/tiny.gguf" --port 0 --alias tiny --ctx-size 2048 --device-cache 0.05 \
   --host-cache 0.1 --drain 2 >"$WORK/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 600); do
-  grep -q "moestream serve: ready" "$WORK/serve.log" && break
-  kill -0 "$SERVER" 2>/dev/null || fail "the server exited during start-up: $(cat "$WORK/serve.log")"
-  sleep 0.1
-done
-grep -q "moestream serve: ready" "$WORK/serve.log" || fail "the server did not get ready within 60 s: $(cat "$WORK/serve.log")"
-PORT=$(sed -n 's|^moestream serve: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$WORK/serve.log" | head -1)
-[[ -n $PORT ]] || fail "no port in the server's start-up line: $(cat "$WORK/serve.log")"
+wait_ready
 URL="http://127.0.0.1:$PORT"
 R=$WORK/r.json
 
@@ -152,14 +145,5 @@ grep -Eq '^ +3 x connect: Connection refused' "$WORK/bench.txt" || fail "bench s
 
 # ---- graceful stop ----
 kill -TERM "$SERVER"
-for _ in $(seq 200); do
-  kill -0 "$SERVER" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$SERVER" 2>/dev/null; then fail "the server did not stop within 20 s of SIGTERM"; fi
-src=0
-wait "$SERVER" || src=$?
-SERVER=
-[[ $src == 0 ]] || fail "the server exited with $src after SIGTERM: $(tail -n 20 "$WORK/serve.log")"
-grep -q "moestream serve: stopped" "$WORK/serve.log" || fail "no 'stopped' line: $(tail -n 5 "$WORK/serve.log")"
+expect_clean_stop
 echo "serve: ok"

@@ -18,14 +18,7 @@ echo '{"server": {"request_timeout_s": 6}}' >"$WORK/config.json"
 "$BIN" serve --model "$WORK/tiny.gguf" --config "$WORK/config.json" --port 0 --api-key "$KEY" --drain 1 \
   >"$WORK/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 600); do
-  grep -q "moestream serve: ready" "$WORK/serve.log" && break
-  kill -0 "$SERVER" 2>/dev/null || fail "the server exited during start-up: $(cat "$WORK/serve.log")"
-  sleep 0.1
-done
-grep -q "moestream serve: ready" "$WORK/serve.log" || fail "the server did not get ready within 60 s: $(cat "$WORK/serve.log")"
-PORT=$(sed -n 's|^moestream serve: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$WORK/serve.log" | head -1)
-[[ -n $PORT ]] || fail "no port in the server's start-up line: $(cat "$WORK/serve.log")"
+wait_ready
 
 rc=0
 node "$HERE/ws_test.mjs" "ws://127.0.0.1:$PORT/v1/ws" "$KEY" "$SERVER" || rc=$?
@@ -36,14 +29,5 @@ if [[ $rc != 0 ]]; then
 fi
 
 # The last case sent SIGTERM: the server must stop by itself, cleanly.
-for _ in $(seq 200); do
-  kill -0 "$SERVER" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$SERVER" 2>/dev/null; then fail "the server did not stop within 20 s of SIGTERM"; fi
-src=0
-wait "$SERVER" || src=$?
-SERVER=
-[[ $src == 0 ]] || fail "the server exited with $src after SIGTERM: $(tail -n 20 "$WORK/serve.log")"
-grep -q "moestream serve: stopped" "$WORK/serve.log" || fail "no 'stopped' line: $(tail -n 20 "$WORK/serve.log")"
+expect_clean_stop
 echo "ws test passed"
