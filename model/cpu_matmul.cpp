@@ -1,22 +1,19 @@
-// Every (out row, x row) value is one call of the same row-dot kernel, which is what makes the
-// result independent of batching and threading (see cpu_matmul.h). The kernel is picked once per
-// call, mirroring quant.cpp's dispatcher (kernel_isa() names the set it uses), so the inner loops
-// pay no per-row type checks; tests check the result equals quant::dot_row bit for bit, which
-// catches the two tables drifting apart.
+// Every (out row, x row) value comes from the dispatcher's row-dot kernels (quant.cpp's
+// pick_row_kernel, the same table dot_row uses): four out rows a pass where there are four, one
+// at a time for the rest. The four-row kernel gives each row the single-row kernel's bits, which
+// is what makes the result independent of batching, partitioning and threading (see
+// cpu_matmul.h); tests check the result equals quant::dot_row bit for bit.
 #include "model/cpu_matmul.h"
 
 #include <algorithm>
 #include <cstdint>
-#include <string_view>
+#include <vector>
 
 #include "config/assert.h"
-#include "model/quant.h"
 #include "model/quant_internal.h"
 
 namespace moestream {
 namespace {
-
-using dot_fn = float (*)(const void* row, const float* x, int64_t n);
 
 // Weight bytes of one tile when n_rows > 1. The tile stays in L2 (256 KiB or more on current
 // x86) while every x row passes over it, each x row staying in L1 for the tile's dots, so W is
@@ -25,63 +22,70 @@ constexpr int64_t kTileBytes = 192 << 10;
 // Least weight bytes a chunk is worth: below this, waking another thread costs more than it saves.
 constexpr int64_t kMinChunkBytes = 32 << 10;
 
-template <ggml_type T>
-float dot_checked(const void* row, const float* x, int64_t n) {
-    return quant::dot_row(T, row, x, n);
-}
-
-dot_fn pick_dot(ggml_type type) {
-    namespace d = quant::detail;
-    const std::string_view isa = quant::kernel_isa();
-    const bool avx512 = isa == "avx512";
-    if (avx512 || isa == "avx2") {
-        switch (type) {
-            case ggml_type::f32: return d::dot_f32_avx2;
-            case ggml_type::f16: return d::dot_f16_avx2;
-            case ggml_type::bf16: return d::dot_bf16_avx2;
-            case ggml_type::q8_0: return avx512 ? d::dot_q8_0_avx512 : d::dot_q8_0_avx2;
-            case ggml_type::mxfp4: return avx512 ? d::dot_mxfp4_avx512 : d::dot_mxfp4_avx2;
-            default: break;
-        }
-    }
-    // Scalar (or an ISA this file does not know): through the public entry point, always right.
-    switch (type) {
-        case ggml_type::f32: return dot_checked<ggml_type::f32>;
-        case ggml_type::f16: return dot_checked<ggml_type::f16>;
-        case ggml_type::bf16: return dot_checked<ggml_type::bf16>;
-        case ggml_type::q8_0: return dot_checked<ggml_type::q8_0>;
-        case ggml_type::mxfp4: return dot_checked<ggml_type::mxfp4>;
-        default: break;
-    }
-    MS_ASSERT_MSG(false, "matmul: type has no CPU kernel");
-    return nullptr;
-}
-
 struct job {
-    dot_fn dot;
+    quant::detail::row_kernel dot;
     const uint8_t* w;
     int64_t row_bytes, in_cols, tile_rows;
     const float* x;
     int64_t n_rows, x_stride;
     float* y;
     int64_t y_stride;
+    // BF16 weights with x rows that are exactly bf16: those rows go through the bf16-x kernels
+    // (as quant::dot_row does for such rows), from x packed as bf16 bits.
+    quant::detail::bf16x_kernel dotx{};
+    const uint16_t* xb = nullptr;  // n_rows x in_cols
+    const uint8_t* x_exact = nullptr;
+
+    // y row r at out rows [begin, end).
+    void gemv(int64_t begin, int64_t end, int64_t r) const {
+        float* yr = y + r * y_stride;
+        int64_t o = begin;
+        if (xb && x_exact[r]) {
+            const uint16_t* xr = xb + r * in_cols;
+            for (; o + 4 <= end; o += 4) dotx.four(w + o * row_bytes, row_bytes, xr, in_cols, yr + o);
+            for (; o < end; ++o) yr[o] = dotx.one(w + o * row_bytes, xr, in_cols);
+            return;
+        }
+        const float* xr = x + r * x_stride;
+        for (; o + 4 <= end; o += 4) dot.four(w + o * row_bytes, row_bytes, xr, in_cols, yr + o);
+        for (; o < end; ++o) yr[o] = dot.one(w + o * row_bytes, xr, in_cols);
+    }
 
     // Out rows [begin, end) for every x row.
     void run(int64_t begin, int64_t end) const {
-        if (n_rows == 1) {
-            for (int64_t o = begin; o < end; ++o) y[o] = dot(w + o * row_bytes, x, in_cols);
-            return;
-        }
+        if (n_rows == 1) return gemv(begin, end, 0);
         for (int64_t t = begin; t < end; t += tile_rows) {
             const int64_t t_end = std::min(end, t + tile_rows);
-            for (int64_t r = 0; r < n_rows; ++r) {
-                const float* xr = x + r * x_stride;
-                float* yr = y + r * y_stride;
-                for (int64_t o = t; o < t_end; ++o) yr[o] = dot(w + o * row_bytes, xr, in_cols);
-            }
+            for (int64_t r = 0; r < n_rows; ++r) gemv(t, t_end, r);
         }
     }
 };
+
+// x rows packed as bf16 bits, per thread and reused (a matmul never re-enters on its thread
+// while it runs, and workers only read the dispatcher's copy during the call).
+struct packed_rows {
+    std::vector<uint16_t> bits;
+    std::vector<uint8_t> exact;
+};
+thread_local packed_rows t_packed;
+
+void use_bf16x(job& j, ggml_type type) {
+    if (type != ggml_type::bf16) return;
+    const quant::detail::bf16x_kernel k = quant::detail::pick_bf16x_kernel();
+    if (!k.one) return;
+    packed_rows& p = t_packed;
+    p.bits.resize(size_t(j.n_rows * j.in_cols));
+    p.exact.resize(size_t(j.n_rows));
+    bool any = false;
+    for (int64_t r = 0; r < j.n_rows; ++r) {
+        p.exact[size_t(r)] = quant::detail::pack_bf16_exact(j.x + r * j.x_stride, j.in_cols, p.bits.data() + r * j.in_cols);
+        any = any || p.exact[size_t(r)];
+    }
+    if (!any) return;
+    j.dotx = k;
+    j.xb = p.bits.data();
+    j.x_exact = p.exact.data();
+}
 
 job make_job(ggml_type type, const void* w, int64_t out_rows, int64_t in_cols, const float* x,
              int64_t n_rows, int64_t x_stride, float* y, int64_t y_stride) {
@@ -100,8 +104,10 @@ job make_job(ggml_type type, const void* w, int64_t out_rows, int64_t in_cols, c
         const uintptr_t y_end = addr(y + (n_rows - 1) * y_stride + out_rows);
         MS_ASSERT_MSG(x_end <= addr(y) || y_end <= addr(x), "matmul: x and y overlap");
     }
-    return job{pick_dot(type), static_cast<const uint8_t*>(w), rb, in_cols, std::max<int64_t>(1, kTileBytes / rb),
-               x, n_rows, x_stride, y, y_stride};
+    job j{quant::detail::pick_row_kernel(type), static_cast<const uint8_t*>(w), rb, in_cols, std::max<int64_t>(1, kTileBytes / rb),
+          x, n_rows, x_stride, y, y_stride};
+    if (out_rows > 0 && n_rows > 0) use_bf16x(j, type);
+    return j;
 }
 
 }  // namespace

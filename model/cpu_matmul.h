@@ -9,9 +9,10 @@
 // whatever n_rows, the strides, the row's position in the batch, the pool's size or how the work
 // is partitioned, and equal to quant::dot_row(type, row o, x row r, in_cols).
 //
-// Decode (n_rows == 1) streams W once and is memory-bound. For n_rows > 1 the out rows are
-// processed in tiles small enough to stay in cache while every x row passes over them, so W is
-// still read from memory once. Work is split over out rows.
+// Out rows go four at a time through a kernel that shares the x loads and the final sums between
+// them (still each row's dot_row bits). Decode (n_rows == 1) streams W once and is memory-bound.
+// For n_rows > 1 the out rows are processed in tiles small enough to stay in cache while every x
+// row passes over them, so W is still read from memory once. Work is split over out rows.
 //
 // x and y must not overlap. in_cols must be a multiple of the type's block size.
 #pragma once

@@ -117,16 +117,6 @@ MS_AVX2 float dot_q8_0_avx2(const void* row, const float* x, int64_t n) {
     return hsum(_mm256_add_ps(acc0, acc1));
 }
 
-// 2^(E-128) for every e8m0 byte, so the hot loop reads the block scale with one broadcast load.
-// constexpr so it is valid even when a kernel runs during another file's static initialisation.
-struct e8m0_half_table {
-    float v[256] = {};
-    constexpr e8m0_half_table() {
-        for (int e = 0; e < 256; ++e) v[e] = e8m0_half_to_f32(uint8_t(e));
-    }
-};
-constexpr e8m0_half_table kE8m0Half;
-
 // One MXFP4 block as the sum of its 32 products, unscaled. The nibbles become fp16 bit patterns
 // with one pshufb: every doubled E2M1 value (0, +-1 .. +-12) is an fp16 whose low byte is zero,
 // so the table holds only the high byte, unpack puts it in place and F16C widens exactly.
@@ -163,58 +153,6 @@ MS_AVX2 float dot_mxfp4_avx2(const void* row, const float* x, int64_t n) {
     MS_ASSERT(ib + 1 >= nb);
     return hsum(_mm256_add_ps(acc0, acc1));
 }
-
-// ---- AVX-512F variants of the two quantized dots (decode's hot loop is MXFP4 experts). With
-// 16-entry vpermps the nibble -> float lookup is a single instruction per 16 elements, which is
-// about twice the AVX2 throughput; the result is the same association (block sum, then scale).
-
-#define MS_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
-
-// GCC 12's AVX-512 intrinsics seed their unused merge operand with a self-initialised
-// _mm512_undefined_*(), which -Wmaybe-uninitialized reports once inlined; it is a false positive.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-
-MS_AVX512 inline float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-MS_AVX512 float dot_mxfp4_avx512(const void* row, const float* x, int64_t n) {
-    MS_ASSERT(n % kBlock == 0);
-    const auto* b = static_cast<const uint8_t*>(row);
-    const int64_t nb = n / kBlock;
-    // vpermps reads only the low 4 bits of each index, so the high nibble needs no masking.
-    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ++ib, b += sizeof(block_mxfp4), x += kBlock) {
-        const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 1)));
-        const __m512 lo = _mm512_permutexvar_ps(q, table);                           // 0..15
-        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), table);     // 16..31
-        const __m512 s = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + 16), _mm512_mul_ps(lo, _mm512_loadu_ps(x)));
-        const __m512 d = _mm512_set1_ps(kE8m0Half.v[b[0]]);
-        if (ib & 1) acc1 = _mm512_fmadd_ps(s, d, acc1);
-        else acc0 = _mm512_fmadd_ps(s, d, acc0);
-    }
-    return hsum512(_mm512_add_ps(acc0, acc1));
-}
-
-MS_AVX512 float dot_q8_0_avx512(const void* row, const float* x, int64_t n) {
-    MS_ASSERT(n % kBlock == 0);
-    const auto* b = static_cast<const uint8_t*>(row);
-    const int64_t nb = n / kBlock;
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ++ib, b += sizeof(block_q8_0), x += kBlock) {
-        uint16_t dh;
-        std::memcpy(&dh, b, 2);
-        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
-        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
-        const __m512 s = _mm512_fmadd_ps(q1, _mm512_loadu_ps(x + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(x)));
-        const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
-        if (ib & 1) acc1 = _mm512_fmadd_ps(s, d, acc1);
-        else acc0 = _mm512_fmadd_ps(s, d, acc0);
-    }
-    return hsum512(_mm512_add_ps(acc0, acc1));
-}
-
-#pragma GCC diagnostic pop
 
 MS_AVX2 void dequantize_f16_avx2(const void* src, float* dst, int64_t n) {
     MS_ASSERT(n >= 0);

@@ -1,9 +1,11 @@
-// Shared between quant.cpp (dispatch + scalar kernels) and quant_avx2.cpp (AVX2/FMA/F16C
-// kernels). Not part of the public API.
+// Shared between quant.cpp (dispatch + scalar kernels), quant_avx2.cpp (AVX2/FMA/F16C kernels),
+// quant_avx512.cpp (AVX-512 F/BW/VL kernels) and cpu_matmul.cpp. Not part of the public API.
 #pragma once
 
 #include <bit>
 #include <cstdint>
+
+#include "config/dtype.h"
 
 namespace moestream::quant::detail {
 
@@ -36,7 +38,31 @@ constexpr float e8m0_half_to_f32(uint8_t e) {
     return std::bit_cast<float>(bits);
 }
 
+// 2^(E-128) for every e8m0 byte, so the SIMD loops read the block scale with one broadcast load.
+// constexpr so it is valid even when a kernel runs during another file's static initialisation.
+struct e8m0_half_table {
+    float v[256] = {};
+    constexpr e8m0_half_table() {
+        for (int e = 0; e < 256; ++e) v[e] = e8m0_half_to_f32(uint8_t(e));
+    }
+};
+inline constexpr e8m0_half_table kE8m0Half;
+
 inline float bf16_bits_to_f32(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
+
+// dot(row, x) of n elements.
+using dot_fn = float (*)(const void* row, const float* x, int64_t n);
+// out[r] = dot(rows + r * stride, x, n) for r < 4. Four rows share the loads of x and the final
+// horizontal sums; each value is bit-identical to the same kernel set's dot_fn on that row.
+using dot4_fn = void (*)(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
+
+struct row_kernel {
+    dot_fn one;
+    dot4_fn four;
+};
+
+// The dispatcher's kernels for a compute-supported type (quant.cpp; what dot_row and gemv use).
+row_kernel pick_row_kernel(ggml_type type);
 
 // AVX2 kernels (quant_avx2.cpp). Only call when the CPU has avx2, fma and f16c.
 float dot_f32_avx2(const void* row, const float* x, int64_t n);
@@ -45,8 +71,38 @@ float dot_bf16_avx2(const void* row, const float* x, int64_t n);
 float dot_q8_0_avx2(const void* row, const float* x, int64_t n);
 float dot_mxfp4_avx2(const void* row, const float* x, int64_t n);
 void dequantize_f16_avx2(const void* src, float* dst, int64_t n);
-// AVX-512F versions of the quantized dots (same file; only call when the CPU has avx512f too).
+
+// AVX-512 kernels (quant_avx512.cpp). Only call when the CPU also has avx512f, avx512bw and
+// avx512vl. The dot4 versions are bit-identical to the single-row ones, row by row. F16 has none:
+// on the target Xeon its four-row pass was slower than one row at a time (two-uop conversions).
+float dot_f32_avx512(const void* row, const float* x, int64_t n);
+float dot_f16_avx512(const void* row, const float* x, int64_t n);
+float dot_bf16_avx512(const void* row, const float* x, int64_t n);
 float dot_q8_0_avx512(const void* row, const float* x, int64_t n);
 float dot_mxfp4_avx512(const void* row, const float* x, int64_t n);
+void dot4_f32_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
+void dot4_bf16_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
+void dot4_q8_0_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
+void dot4_mxfp4_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
+
+// BF16 rows against an x whose every value is a bf16 (passed as its bf16 bits): AVX-512 BF16 dot
+// products, exact products summed in fp32 (the instruction treats denormal inputs as zero, far
+// below anything a logit can show), several times fewer instructions than widening the
+// weights (decode's LM head and routers: their inputs are norm outputs rounded to bf16). Only
+// with avx512_bf16; the dispatcher uses them exactly when x qualifies (pack_bf16_exact), for
+// dot_row and matmul alike, so a value still depends only on (row, x).
+using dot_bf16x_fn = float (*)(const void* row, const uint16_t* xb, int64_t n);
+using dot4_bf16x_fn = void (*)(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out);
+struct bf16x_kernel {
+    dot_bf16x_fn one = nullptr;
+    dot4_bf16x_fn four = nullptr;
+};
+float dot_bf16x_avx512(const void* row, const uint16_t* xb, int64_t n);
+void dot4_bf16x_avx512(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out);
+// The dispatcher's bf16-x kernels; empty when the kernel set in use has none.
+bf16x_kernel pick_bf16x_kernel();
+// True when every x[i] is exactly a bf16 (the low 16 bits of its fp32 are zero); then out[i]
+// holds its bf16 bits. NaN payloads that do not survive count as not exact.
+bool pack_bf16_exact(const float* x, int64_t n, uint16_t* out);
 
 }  // namespace moestream::quant::detail

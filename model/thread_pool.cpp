@@ -1,12 +1,26 @@
-// Protocol. The dispatching thread writes the job (fn, ctx, n, chunks), resets `done`, then
-// publishes `claim` = (epoch, next chunk 0, chunk count) and bumps `epoch`, which wakes workers.
-// Every participant (the dispatcher included) claims chunks with a CAS on `claim` that also checks
-// the epoch, so a worker that wakes late for an already finished call claims nothing and never
-// reads a job description that is being rewritten: a successful claim proves the call is still
-// running, and the dispatcher rewrites the job only after `done` reaches the chunk count.
-// Sleeping uses C++20 atomic wait/notify (a futex on Linux); the sleeper counters make the
-// common case (everybody spinning) free of system calls. Both sleep hand-shakes are Dekker-style
-// (store my flag, then load the other's), hence seq_cst on those accesses.
+// Protocol. The dispatching thread writes the job (fn, ctx, n), publishes `call` = (call number,
+// chunk count) and bumps `epoch`, which wakes workers. Chunk k belongs first to participant k
+// (the dispatcher is 0); afterwards anyone takes any chunk still free, so a worker slow to wake
+// or descheduled does not hold the call up. Each chunk has its own slot (own cache line) holding
+// (call number, taken | done): claiming is a CAS that succeeds only on a slot last used by an
+// earlier call, finishing is a plain store, and the dispatcher waits by reading the slots, so no
+// cache line is read-modify-written by every participant (on this kind of machine a line
+// bouncing through 16 cores costs microseconds per call).
+// A worker that wakes late for a finished call claims nothing (every slot of that call carries
+// its number or a later one) and so never reads a job description that is being rewritten: a
+// successful claim proves the call is still running, and the dispatcher rewrites the job only
+// after every slot of the call says done.
+// Sleeping uses C++20 atomic wait/notify (a futex on Linux); the sleeper flags make the common
+// case (everybody spinning) free of system calls. Both sleep hand-shakes are Dekker-style (store
+// my flag, then load the other's), hence seq_cst on those accesses.
+//
+// Prefetch sets use the same idea: `pf_claim` = (generation, next piece, piece count), claimed
+// by CAS, and the dispatcher closes the old set (new generation, no pieces) before it rewrites
+// the ranges. A worker that claimed a piece just before may read a range being rewritten; the
+// fields are atomics (no torn reads, no data race) and a prefetch of a wrong address does
+// nothing, so that race is harmless by construction. Waking sleepers for a set bumps `epoch`
+// without publishing a call: the woken worker finds no chunk slot of that epoch and claims
+// nothing.
 #include "model/thread_pool.h"
 
 #include <algorithm>
@@ -43,62 +57,142 @@ bool spin_until(Pred pred) {
     }
 }
 
-// claim word: epoch (32 bits) | next chunk (16) | chunk count (16).
 constexpr int kMaxChunks = 0xffff;
-constexpr uint64_t pack(uint32_t epoch, uint64_t next, uint64_t count) {
-    return uint64_t(epoch) << 32 | next << 16 | count;
-}
+
+// A chunk slot's word: call number << 2 | state; the call word: call number << 16 | chunk count.
+enum : uint64_t { kTaken = 1, kDone = 2 };
+constexpr uint64_t slot_word(uint64_t call, uint64_t state) { return call << 2 | state; }
+constexpr uint64_t slot_call(uint64_t w) { return w >> 2; }
+constexpr uint64_t call_word(uint64_t call, int64_t chunks) { return call << 16 | uint64_t(chunks); }
 
 // Chunk k of c over [0, n): [k*n/c, (k+1)*n/c). n is bounded in run() so k*n cannot overflow.
 inline int64_t chunk_begin(int64_t k, int64_t n, int64_t c) { return k * n / c; }
+
+// prefetch claim word: generation (24 bits) | next piece (20) | piece count (20).
+constexpr uint64_t kPieceMask = (uint64_t(1) << 20) - 1;
+constexpr uint64_t pack_prefetch(uint64_t gen, uint64_t next, uint64_t count) {
+    return (gen & 0xffffff) << 40 | next << 20 | count;
+}
+constexpr uint64_t prefetch_gen(uint64_t c) { return c >> 40; }
+constexpr uint64_t prefetch_next(uint64_t c) { return (c >> 20) & kPieceMask; }
+constexpr uint64_t prefetch_count(uint64_t c) { return c & kPieceMask; }
+
+constexpr size_t kLine = 64;
 
 }  // namespace
 
 struct thread_pool::state {
     std::vector<std::thread> workers;
 
-    // The job, written by the dispatcher before `claim` is published (see the protocol above).
+    // The job, written by the dispatcher before `call` is published (see the protocol above).
     task_fn fn = nullptr;
     const void* ctx = nullptr;
     int64_t n = 0;
+    alignas(64) std::atomic<uint64_t> call{0};
+    uint64_t calls = 0;  // the dispatcher's counter (call numbers start at 1)
 
-    // Separate cache lines: `claim` and `done` bounce between cores on every chunk, `epoch` and
-    // the sleeper counts are read by spinning workers.
-    alignas(64) std::atomic<uint64_t> claim{0};
-    alignas(64) std::atomic<uint32_t> done{0};
+    // One slot per chunk (chunks <= threads), each on its own cache line.
+    struct alignas(64) chunk_slot {
+        std::atomic<uint64_t> word{0};
+    };
+    std::unique_ptr<chunk_slot[]> slots;
+    int64_t n_slots = 0;
+
+    // The dispatcher sleeps on `finished` (bumped by a finishing worker that sees it asleep).
+    alignas(64) std::atomic<uint32_t> finished{0};
     std::atomic<uint32_t> dispatcher_sleeping{0};
     alignas(64) std::atomic<uint32_t> epoch{0};
     std::atomic<uint32_t> sleepers{0};
     std::atomic<bool> stop{false};
     alignas(64) std::atomic<bool> busy{false};  // a call is running (nested calls go inline)
 
-    // Claims and runs chunks of call `e` until none is left.
-    void work(uint32_t e) {
-        uint64_t c = claim.load(std::memory_order_acquire);
-        for (;;) {
-            if (uint32_t(c >> 32) != e) return;
-            const uint64_t next = (c >> 16) & 0xffff, count = c & 0xffff;
-            if (next >= count) return;
-            if (!claim.compare_exchange_weak(c, c + (uint64_t(1) << 16), std::memory_order_acq_rel,
-                                             std::memory_order_acquire))
-                continue;
-            const int64_t k = int64_t(next), cnt = int64_t(count);
-            fn(ctx, chunk_begin(k, n, cnt), chunk_begin(k + 1, n, cnt));
-            if (done.fetch_add(1, std::memory_order_seq_cst) + 1 == count &&
-                dispatcher_sleeping.load(std::memory_order_seq_cst))
-                done.notify_one();
-            c = claim.load(std::memory_order_acquire);
+    // The prefetch set (see the protocol above).
+    struct prefetch_range {
+        std::atomic<uintptr_t> begin{0};
+        std::atomic<uint64_t> bytes{0};
+        std::atomic<uint64_t> first_piece{0};
+    };
+    prefetch_range pf_ranges[kMaxPrefetchRanges];
+    std::atomic<uint32_t> pf_range_count{0};
+    alignas(64) std::atomic<uint64_t> pf_claim{0};
+    alignas(64) std::atomic<uint64_t> pf_done{0};
+
+    bool prefetch_pending() const {
+        const uint64_t c = pf_claim.load(std::memory_order_relaxed);
+        return prefetch_next(c) < prefetch_count(c);
+    }
+
+    // Claims one piece of the current set and prefetches it; false when none is left.
+    bool prefetch_piece() {
+        uint64_t c = pf_claim.load(std::memory_order_acquire);
+        const uint64_t piece = prefetch_next(c);
+        if (piece >= prefetch_count(c)) return false;
+        if (!pf_claim.compare_exchange_weak(c, c + (uint64_t(1) << 20), std::memory_order_acq_rel,
+                                            std::memory_order_relaxed))
+            return true;  // another worker took it (or the set changed): look again
+        const uint32_t n = std::min<uint32_t>(pf_range_count.load(std::memory_order_acquire), kMaxPrefetchRanges);
+        uint32_t k = 0;
+        while (k + 1 < n && pf_ranges[k + 1].first_piece.load(std::memory_order_relaxed) <= piece) ++k;
+        const prefetch_range& r = pf_ranges[k];
+        const uint64_t first = r.first_piece.load(std::memory_order_relaxed);
+        const uint64_t offset = (piece - std::min(piece, first)) * kPrefetchPiece;
+        const uint64_t bytes = r.bytes.load(std::memory_order_relaxed);
+        const uint64_t len = offset < bytes ? std::min<uint64_t>(kPrefetchPiece, bytes - offset) : 0;
+        const uintptr_t at = r.begin.load(std::memory_order_relaxed) + offset;
+        // Into L2 (locality 2 = prefetcht1): a layer's weights fit in the cores' L2s together,
+        // and a prefetch never faults, whatever the address.
+        for (uint64_t i = 0; i < len; i += kLine) __builtin_prefetch(reinterpret_cast<const void*>(at + i), 0, 2);
+        pf_done.fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
+
+    // Claims chunk k of call `c` if it is still free, and runs it.
+    void try_chunk(uint64_t c, int64_t count, int64_t k) {
+        std::atomic<uint64_t>& w = slots[size_t(k)].word;
+        uint64_t seen = w.load(std::memory_order_relaxed);
+        if (slot_call(seen) >= c) return;
+        if (!w.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed))
+            return;
+        fn(ctx, chunk_begin(k, n, count), chunk_begin(k + 1, n, count));
+        w.store(slot_word(c, kDone), std::memory_order_seq_cst);
+        if (dispatcher_sleeping.load(std::memory_order_seq_cst)) {
+            finished.fetch_add(1, std::memory_order_seq_cst);
+            finished.notify_one();
         }
     }
 
-    void worker_loop() {
+    // Participant `self`'s share of the current call: its own chunk first, then whatever is free.
+    void work(int64_t self) {
+        const uint64_t cw = call.load(std::memory_order_acquire);
+        const uint64_t c = cw >> 16;
+        const int64_t count = std::min<int64_t>(int64_t(cw & 0xffff), n_slots);
+        if (c == 0 || count <= 0) return;
+        if (self < count) try_chunk(c, count, self);
+        for (int64_t i = 1; i < count; ++i) try_chunk(c, count, (self + i) % count);
+    }
+
+    bool all_done(uint64_t c, int64_t count) const {
+        for (int64_t k = 0; k < count; ++k)
+            if (slots[size_t(k)].word.load(std::memory_order_seq_cst) != slot_word(c, kDone)) return false;
+        return true;
+    }
+
+    void worker_loop(int64_t self) {
         uint32_t seen = 0;
         for (;;) {
             uint32_t e = seen;
-            const bool woke = spin_until([&] {
-                e = epoch.load(std::memory_order_acquire);
-                return e != seen;
-            });
+            // Spin until a call comes, prefetching while a set has pieces left (a call is
+            // checked between pieces); sleep after kSpin with neither.
+            bool woke = false;
+            for (;;) {
+                woke = spin_until([&] {
+                    e = epoch.load(std::memory_order_acquire);
+                    return e != seen || prefetch_pending();
+                });
+                if (!woke || e != seen) break;
+                while (epoch.load(std::memory_order_acquire) == seen && prefetch_piece()) {
+                }
+            }
             if (!woke) {
                 sleepers.fetch_add(1, std::memory_order_seq_cst);
                 while ((e = epoch.load(std::memory_order_seq_cst)) == seen) epoch.wait(seen, std::memory_order_seq_cst);
@@ -106,15 +200,17 @@ struct thread_pool::state {
             }
             if (stop.load(std::memory_order_acquire)) return;
             seen = e;
-            work(e);
+            work(self);
         }
     }
 };
 
 thread_pool::thread_pool(int threads) : threads_(threads), s_(std::make_unique<state>()) {
     MS_ASSERT_MSG(threads >= 1 && threads <= kMaxChunks, "thread_pool: thread count out of range");
+    s_->slots = std::make_unique<state::chunk_slot[]>(size_t(threads));
+    s_->n_slots = threads;
     s_->workers.reserve(size_t(threads - 1));
-    for (int i = 1; i < threads; ++i) s_->workers.emplace_back([st = s_.get()] { st->worker_loop(); });
+    for (int i = 1; i < threads; ++i) s_->workers.emplace_back([st = s_.get(), i] { st->worker_loop(i); });
 }
 
 thread_pool::~thread_pool() {
@@ -124,6 +220,33 @@ thread_pool::~thread_pool() {
     s_->epoch.notify_all();
     for (auto& t : s_->workers) t.join();
 }
+
+void thread_pool::prefetch(std::span<const memory_range> ranges) {
+    if (threads_ == 1) return;
+    state& s = *s_;
+    MS_ASSERT_MSG(!s.busy.load(std::memory_order_relaxed), "thread_pool::prefetch called from inside a call");
+    const uint64_t gen = prefetch_gen(s.pf_claim.load(std::memory_order_relaxed)) + 1;
+    s.pf_claim.store(pack_prefetch(gen, 0, 0), std::memory_order_seq_cst);  // closes the old set
+    uint64_t pieces = 0;
+    uint32_t n = 0;
+    for (const memory_range& r : ranges) {
+        if (n == kMaxPrefetchRanges) break;
+        if (r.data == nullptr || r.bytes == 0) continue;
+        auto& slot = s.pf_ranges[n++];
+        slot.begin.store(reinterpret_cast<uintptr_t>(r.data), std::memory_order_relaxed);
+        slot.bytes.store(r.bytes, std::memory_order_relaxed);
+        slot.first_piece.store(pieces, std::memory_order_relaxed);
+        pieces += (r.bytes + kPrefetchPiece - 1) / kPrefetchPiece;
+    }
+    s.pf_range_count.store(n, std::memory_order_release);
+    s.pf_claim.store(pack_prefetch(gen, 0, std::min(pieces, kPieceMask)), std::memory_order_seq_cst);
+    if (pieces > 0 && s.sleepers.load(std::memory_order_seq_cst) > 0) {
+        s.epoch.fetch_add(1, std::memory_order_seq_cst);
+        s.epoch.notify_all();
+    }
+}
+
+uint64_t thread_pool::prefetched_pieces() const { return s_->pf_done.load(std::memory_order_relaxed); }
 
 int64_t thread_pool::chunk_count(int64_t n, int64_t grain) const {
     if (n <= 0) return 0;
@@ -141,22 +264,24 @@ void thread_pool::run(int64_t n, int64_t grain, task_fn fn, const void* ctx) {
         for (int64_t k = 0; k < chunks; ++k) fn(ctx, chunk_begin(k, n, chunks), chunk_begin(k + 1, n, chunks));
         return;
     }
+    MS_ASSERT(chunks <= s.n_slots);
     s.fn = fn;
     s.ctx = ctx;
     s.n = n;
-    s.done.store(0, std::memory_order_relaxed);
-    const uint32_t e = s.epoch.load(std::memory_order_relaxed) + 1;
-    s.claim.store(pack(e, 0, uint64_t(chunks)), std::memory_order_release);
-    s.epoch.store(e, std::memory_order_seq_cst);
+    const uint64_t c = ++s.calls;
+    s.call.store(call_word(c, chunks), std::memory_order_release);
+    s.epoch.store(s.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
     if (s.sleepers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
 
-    s.work(e);
+    s.work(0);
 
-    const auto all_done = [&] { return s.done.load(std::memory_order_acquire) == uint32_t(chunks); };
-    if (!spin_until(all_done)) {
+    if (!spin_until([&] { return s.all_done(c, chunks); })) {
         s.dispatcher_sleeping.store(1, std::memory_order_seq_cst);
-        uint32_t d;
-        while ((d = s.done.load(std::memory_order_seq_cst)) != uint32_t(chunks)) s.done.wait(d, std::memory_order_seq_cst);
+        for (;;) {
+            const uint32_t f = s.finished.load(std::memory_order_seq_cst);
+            if (s.all_done(c, chunks)) break;
+            s.finished.wait(f, std::memory_order_seq_cst);
+        }
         s.dispatcher_sleeping.store(0, std::memory_order_relaxed);
     }
     s.busy.store(false, std::memory_order_release);

@@ -140,18 +140,33 @@ status loaded_model::verify_unchanged() const {
 }
 
 dsv41::expert_weights loaded_model::expert(int layer, int32_t e) const {
-    const bool is_draft = layer >= hp.n_layers;
-    const gguf::model_file& f = is_draft ? *draft_file : target;
-    const std::string prefix = "blk." + std::to_string(is_draft ? layer - hp.n_layers : layer) + ".";
-    auto view = [&](const char* name) {
-        const auto* t = f.tensor(prefix + name);
-        MS_ASSERT_MSG(t != nullptr, "expert tensor missing after load checks");
+    MS_ASSERT_MSG(layer >= 0 && size_t(layer) < expert_index.size(), "expert of a layer the model does not have");
+    const expert_tensors& x = expert_index[size_t(layer)];
+    auto view = [&](const gguf::tensor_info* t) {
         MS_ASSERT(e >= 0 && e < t->ne[2]);
         const size_t per_expert = size_t(row_bytes(dtype_info(t->type), t->ne[0]) * t->ne[1]);
-        return weight_view::contiguous(f.data(*t).data() + per_expert * size_t(e), t->type, t->ne[0], t->ne[1]);
+        return weight_view::contiguous(x.file->data(*t).data() + per_expert * size_t(e), t->type, t->ne[0], t->ne[1]);
     };
-    return {view("ffn_gate_exps.weight"), view("ffn_up_exps.weight"), view("ffn_down_exps.weight")};
+    return {view(x.gate), view(x.up), view(x.down)};
 }
+
+namespace {
+
+// Fills expert_index for the target's layers and the draft's stages (the tensors were checked).
+void index_experts(loaded_model& m) {
+    auto add = [&](const gguf::model_file& f, int block) {
+        const std::string prefix = "blk." + std::to_string(block) + ".";
+        loaded_model::expert_tensors x{&f, f.tensor(prefix + "ffn_gate_exps.weight"), f.tensor(prefix + "ffn_up_exps.weight"),
+                                       f.tensor(prefix + "ffn_down_exps.weight")};
+        MS_ASSERT_MSG(x.gate && x.up && x.down, "expert tensor missing after load checks");
+        m.expert_index.push_back(x);
+    };
+    for (int L = 0; L < m.hp.n_layers; ++L) add(m.target, L);
+    if (m.draft_file)
+        for (int s = 0; s < m.hp.n_mtp; ++s) add(*m.draft_file, s);
+}
+
+}  // namespace
 
 result<std::unique_ptr<loaded_model>> load_model(const std::string& path, const std::string& draft_path) {
     auto file = gguf::model_file::open(path);
@@ -236,6 +251,7 @@ result<std::unique_ptr<loaded_model>> load_model(const std::string& path, const 
         if (!d.error.empty()) return make_error(d.error);
         m->draft = std::move(dw);
     }
+    index_experts(*m);
     return m;
 }
 

@@ -39,6 +39,14 @@ struct loaded_model {
 
     // Expert `e` of a layer (n_layers + s: DSpark stage s) as views into the mapping.
     dsv41::expert_weights expert(int layer, int32_t e) const;
+
+    // Per layer, then per DSpark stage: its three expert tensors, looked up once at load
+    // (expert() runs for every expert of every step).
+    struct expert_tensors {
+        const gguf::model_file* file = nullptr;
+        const gguf::tensor_info *gate = nullptr, *up = nullptr, *down = nullptr;
+    };
+    std::vector<expert_tensors> expert_index;
 };
 
 // Errors name the file and the tensor. `draft_path` may be empty.

@@ -1,6 +1,9 @@
-// `moestream bench quant`: single-thread gemv throughput per weight type, in GB/s of weight
-// bytes, next to a plain memory-read bandwidth measured in the same run. Decode is one gemv per
-// weight matrix per token, so the fraction of read bandwidth is the number that matters.
+// `moestream bench quant`: gemv throughput per weight type, in GB/s of weight bytes, next to a
+// plain memory-read bandwidth measured in the same run with as many threads. Decode is one gemv
+// per weight matrix per token, so the fraction of read bandwidth is the number that matters.
+// One thread times quant::gemv; --threads N times the pooled moestream::matmul, as decode runs it;
+// --decode times many distinct matrices of the --rows x --cols shape, one matmul call each, as
+// decode streams its small weight matrices.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -13,7 +16,10 @@
 
 #include "config/assert.h"
 #include "config/dtype.h"
+#include "model/cpu_matmul.h"
+#include "model/memory_bandwidth.h"
 #include "model/quant.h"
+#include "model/thread_pool.h"
 #include "tools/command.h"
 
 namespace moestream::tools {
@@ -22,8 +28,10 @@ namespace {
 constexpr std::string_view kName = "bench quant";
 
 const cli::option_spec kOptions[] = {
-    {"rows", "N", "matrix rows (default 16384)"},
-    {"cols", "N", "matrix columns, a multiple of 32 (default 8192)"},
+    {"rows", "N", "matrix rows (default 16384; 1024 with --decode)"},
+    {"cols", "N", "matrix columns, a multiple of 32 (default 8192; 1024 with --decode)"},
+    {"threads", "N", "threads: 1 (default) times quant::gemv, more the pooled matmul"},
+    {"decode", "", "decode-like: distinct rows x cols matrices (512 MiB in all), one matmul call each"},
     {"type", "T", "one of F32, F16, BF16, Q8_0, MXFP4 (default: all of them)"},
     {"reps", "N", "timed repetitions, the best is reported (default 5)"},
     {"scalar", "", "force the scalar kernels"},
@@ -91,34 +99,71 @@ std::vector<uint8_t> make_matrix(ggml_type type, int64_t rows, int64_t cols) {
 }
 
 struct gemv_result {
+    size_t bytes;  // of weights per pass
     double seconds;
     double gbps;
 };
 
-gemv_result time_gemv(ggml_type type, int64_t rows, int64_t cols, int reps) {
-    const auto w = make_matrix(type, rows, cols);
-    std::vector<float> x(static_cast<size_t>(cols), 0.5f);
-    std::vector<float> y(static_cast<size_t>(rows));
-    quant::gemv(type, w.data(), rows, cols, x.data(), y.data());  // warm-up (page faults, caches)
+// Best of `reps` timed calls of `pass` over `bytes` of weights, after one warm-up call (page
+// faults, caches).
+template <class Pass>
+gemv_result time_passes(size_t bytes, int reps, Pass&& pass) {
+    pass();
     double best = 1e30;
     for (int r = 0; r < reps; ++r) {
         const auto t0 = std::chrono::steady_clock::now();
-        quant::gemv(type, w.data(), rows, cols, x.data(), y.data());
+        pass();
         best = std::min(best, seconds_since(t0));
     }
     MS_ASSERT(best > 0);
-    return {best, double(w.size()) / best / 1e9};
+    return {bytes, best, double(bytes) / best / 1e9};
+}
+
+// One rows x cols matrix: quant::gemv on one thread, the pooled matmul on more.
+gemv_result time_gemv(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps) {
+    const auto w = make_matrix(type, rows, cols);
+    std::vector<float> x(static_cast<size_t>(cols), 0.5f);
+    std::vector<float> y(static_cast<size_t>(rows));
+    if (pool.size() == 1)
+        return time_passes(w.size(), reps, [&] { quant::gemv(type, w.data(), rows, cols, x.data(), y.data()); });
+    return time_passes(w.size(), reps, [&] {
+        matmul(pool, type, w.data(), rows, cols, x.data(), 1, cols, y.data(), rows);
+    });
+}
+
+// Bytes of distinct weights a decode-like pass streams: well above any last-level cache, so every
+// call reads its matrix from memory, as decode does.
+constexpr size_t kDecodeBytes = size_t(512) << 20;
+
+// Distinct rows x cols matrices filling kDecodeBytes, one pooled matmul call each, so the time
+// includes what decode pays per call (waking the pool, short chunks, row tails).
+gemv_result time_decode_like(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps) {
+    const int64_t mat_bytes = rows * row_bytes(dtype_info(type), cols);
+    const int64_t count = std::max<int64_t>(1, int64_t(kDecodeBytes) / mat_bytes);
+    const auto one = make_matrix(type, rows, cols);
+    std::vector<uint8_t> w(size_t(count * mat_bytes));
+    for (int64_t m = 0; m < count; ++m) std::memcpy(w.data() + m * mat_bytes, one.data(), size_t(mat_bytes));
+    std::vector<float> x(static_cast<size_t>(cols), 0.5f);
+    std::vector<float> y(static_cast<size_t>(rows));
+    return time_passes(w.size(), reps, [&] {
+        for (int64_t m = 0; m < count; ++m)
+            matmul(pool, type, w.data() + m * mat_bytes, rows, cols, x.data(), 1, cols, y.data(), rows);
+    });
 }
 
 int run(const cli::args& a) {
-    auto rows = a.get_int("rows", 16384);
+    const bool decode = a.flag("decode");
+    auto rows = a.get_int("rows", decode ? 1024 : 16384);
     if (!rows) return usage_error(kName, rows.message());
-    auto cols = a.get_int("cols", 8192);
+    auto cols = a.get_int("cols", decode ? 1024 : 8192);
     if (!cols) return usage_error(kName, cols.message());
     auto reps = a.get_int("reps", 5);
     if (!reps) return usage_error(kName, reps.message());
+    auto threads = a.get_int("threads", 1);
+    if (!threads) return usage_error(kName, threads.message());
     if (*rows <= 0 || *cols <= 0 || *cols % 32 != 0) return usage_error(kName, "--rows must be > 0 and --cols a positive multiple of 32");
     if (*reps <= 0) return usage_error(kName, "--reps must be > 0");
+    if (*threads <= 0 || *threads > 1024) return usage_error(kName, "--threads must be in [1, 1024]");
 
     std::vector<ggml_type> types{ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4};
     if (auto t = a.get("type")) {
@@ -129,14 +174,25 @@ int run(const cli::args& a) {
     }
     quant::force_scalar(a.flag("scalar"));
 
-    const double mem = read_bandwidth(size_t(512) << 20, int(*reps));
-    std::printf("memory read (sum of 512 MiB, 1 thread): %.2f GB/s\n", mem);
-    std::printf("gemv %lld x %lld, 1 thread, isa %s\n", static_cast<long long>(*rows),
-                static_cast<long long>(*cols), quant::kernel_isa());
+    thread_pool pool{static_cast<int>(*threads)};
+    const long long nr = *rows, nc = *cols;
+    double mem = 0;
+    if (pool.size() == 1 && !decode) {
+        mem = read_bandwidth(size_t(512) << 20, int(*reps));
+        std::printf("memory read (sum of 512 MiB, 1 thread): %.2f GB/s\n", mem);
+        std::printf("gemv %lld x %lld, 1 thread, isa %s\n", nr, nc, quant::kernel_isa());
+    } else {
+        mem = measure_read_bandwidth(pool, size_t(512) << 20, int(*reps)) / 1e9;
+        std::printf("memory read (sum of 512 MiB, %d threads): %.2f GB/s\n", pool.size(), mem);
+        if (decode)
+            std::printf("decode-like: distinct %lld x %lld matrices, %zu MiB per pass, one matmul call each, %d threads, isa %s\n",
+                        nr, nc, kDecodeBytes >> 20, pool.size(), quant::kernel_isa());
+        else std::printf("matmul %lld x %lld, 1 x row, %d threads, isa %s\n", nr, nc, pool.size(), quant::kernel_isa());
+    }
     std::printf("%-6s %10s %10s %9s %9s\n", "type", "MiB", "ms", "GB/s", "of read");
     for (ggml_type t : types) {
-        const double mib = double(row_bytes(dtype_info(t), *cols) * *rows) / (1 << 20);
-        const auto r = time_gemv(t, *rows, *cols, int(*reps));
+        const auto r = decode ? time_decode_like(pool, t, *rows, *cols, int(*reps)) : time_gemv(pool, t, *rows, *cols, int(*reps));
+        const double mib = double(r.bytes) / (1 << 20);
         const auto name = dtype_name(t);
         std::printf("%-6.*s %10.1f %10.2f %9.2f %8.0f%%\n", int(name.size()), name.data(), mib, r.seconds * 1e3,
                     r.gbps, 100.0 * r.gbps / mem);
@@ -145,9 +201,9 @@ int run(const cli::args& a) {
     return 0;
 }
 
-const command kCommand{kName, "[--rows N] [--cols N] [--type T] [--reps N] [--scalar]",
-                       "Measures single-thread gemv throughput per weight type (GB/s of weight bytes) "
-                       "against a plain memory-read bandwidth.",
+const command kCommand{kName, "[--rows N] [--cols N] [--threads N] [--decode] [--type T] [--reps N] [--scalar]",
+                       "Measures gemv throughput per weight type (GB/s of weight bytes) against a plain "
+                       "memory-read bandwidth with as many threads.",
                        kOptions, run};
 MS_REGISTER_COMMAND(kCommand);
 

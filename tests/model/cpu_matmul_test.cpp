@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/memory_bandwidth.h"
 #include "model/quant.h"
 #include "model/thread_pool.h"
@@ -25,8 +26,10 @@ struct shape {
     int64_t out_rows, in_cols;
 };
 // 300 x 1024 spans several tiles and chunks for the wide types; 100 x 4096 does for all types.
-constexpr std::array kShapes{shape{1, 64},  shape{7, 64},   shape{300, 64},   shape{1, 96},   shape{7, 96},
-                             shape{300, 96}, shape{1, 1024}, shape{7, 1024}, shape{300, 1024}, shape{100, 4096}};
+// Out-row counts with every remainder mod 4 exercise the four-row passes and their tails.
+constexpr std::array kShapes{shape{1, 64},   shape{7, 64},    shape{300, 64},  shape{1, 96},    shape{6, 96},
+                             shape{7, 96},   shape{300, 96},  shape{1, 1024},  shape{5, 1024},  shape{7, 1024},
+                             shape{300, 1024}, shape{101, 544}, shape{100, 4096}};
 
 std::vector<float> random_floats(size_t n, uint32_t seed) {
     std::mt19937 rng(seed);
@@ -174,6 +177,65 @@ BOOST_AUTO_TEST_CASE(equals_quant_dot_row_bitwise) {
                                               dtype_name(t) << " scalar=" << scalar << " r=" << r << " o=" << o);
                     }
             }
+    }
+}
+
+// Dense rows of any length (masked tails of the SIMD kernels), out-row counts 1..9 (four-row
+// passes and tails), pooled and single-threaded: equal to quant::dot_row bit for bit.
+BOOST_AUTO_TEST_CASE(dense_odd_lengths_equal_quant_dot_row_bitwise) {
+    thread_pool pool(3);
+    uint32_t seed = 900;
+    for (ggml_type t : {ggml_type::f32, ggml_type::f16, ggml_type::bf16})
+        for (int64_t in_cols : {1, 15, 17, 31, 33, 63, 65, 100, 1000})
+            for (int64_t out_rows = 1; out_rows <= 9; ++out_rows) {
+                const matrix m = make_matrix(t, shape{out_rows, in_cols}, ++seed);
+                const int64_t n_rows = 2;
+                const auto x = make_x(n_rows, in_cols, in_cols + 3, ++seed);
+                for (thread_pool* p : {&pool, static_cast<thread_pool*>(nullptr)}) {
+                    const auto y = run(p, m, x, n_rows, in_cols + 3, out_rows);
+                    for (int64_t r = 0; r < n_rows; ++r)
+                        for (int64_t o = 0; o < out_rows; ++o) {
+                            const float want = quant::dot_row(t, m.bytes.data() + o * m.row_bytes, &x[size_t(r * (in_cols + 3))], in_cols);
+                            BOOST_REQUIRE_MESSAGE(same_bits(y[size_t(r * out_rows + o)], want),
+                                                  dtype_name(t) << " " << out_rows << "x" << in_cols << " r=" << r << " o=" << o);
+                        }
+                }
+            }
+}
+
+// x rows that are exactly bf16 (norm outputs) take the bf16 x bf16 kernels on CPUs with
+// avx512_bf16, others the fp32 ones, row by row: a batch mixing both kinds equals dot_row and each
+// row alone bit for bit, for every thread count, and stays within the double reference's bound.
+BOOST_AUTO_TEST_CASE(bf16_rows_with_bf16_exact_x) {
+    thread_pool p1(1), p3(3);
+    thread_pool* pools[] = {nullptr, &p1, &p3};
+    uint32_t seed = 900;
+    for (shape s : kShapes) {
+        const matrix m = make_matrix(ggml_type::bf16, s, ++seed);
+        const int64_t n_rows = 4, x_stride = s.in_cols + 3, y_stride = s.out_rows + 1;
+        auto x = make_x(n_rows, s.in_cols, x_stride, ++seed);
+        for (int64_t r = 0; r < n_rows; r += 2)  // rows 0 and 2 exact, 1 and 3 not
+            for (int64_t i = 0; i < s.in_cols; ++i) x[size_t(r * x_stride + i)] = round_to_bf16(x[size_t(r * x_stride + i)]);
+        for (thread_pool* pool : pools) {
+            const auto y = run(pool, m, x, n_rows, x_stride, y_stride);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const float* xr = x.data() + r * x_stride;
+                const auto alone = run(pool, m, std::vector<float>(xr, xr + s.in_cols), 1, s.in_cols, s.out_rows);
+                for (int64_t o = 0; o < s.out_rows; ++o) {
+                    const float got = y[size_t(r * y_stride + o)];
+                    const float want = quant::dot_row(ggml_type::bf16, m.bytes.data() + o * m.row_bytes, xr, s.in_cols);
+                    BOOST_REQUIRE_MESSAGE(same_bits(got, want) && same_bits(got, alone[size_t(o)]),
+                                          s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
+                    double ref = 0, mag = 0;
+                    for (int64_t i = 0; i < s.in_cols; ++i) {
+                        const double p = double(m.dequantized[size_t(o * s.in_cols + i)]) * xr[i];
+                        ref += p;
+                        mag += std::fabs(p);
+                    }
+                    BOOST_REQUIRE(std::fabs(got - ref) <= 1e-5 * mag);
+                }
+            }
+        }
     }
 }
 

@@ -358,54 +358,99 @@ BOOST_AUTO_TEST_CASE(dense_quantize_roundtrip) {
 
 // ---------------------------------------------------------------- kernels
 
-BOOST_AUTO_TEST_CASE(avx2_matches_scalar_on_odd_lengths) {
+// Lengths around every loop boundary of the SIMD kernels: multiples of 32 that are not multiples
+// of 64 or 256, block counts around the Q8_0 scale group of 16, and odd lengths for the dense
+// types (masked tails below 16, 32 and 64 elements).
+constexpr int64_t kKernelLengths[] = {32, 64, 96, 160, 352, 480, 512, 544, 1056, 4128,
+                                      1, 7, 15, 17, 31, 33, 37, 63, 65, 101, 127, 129, 1001};
+
+// |fast - scalar| against the scalar kernel on row `q`, relative to sum |w x| (only the summation
+// order differs between the kernels).
+void check_against_scalar(ggml_type t, const std::vector<uint8_t>& q, const std::vector<float>& x, int64_t n,
+                          float fast, const std::string& what) {
+    std::vector<float> w(static_cast<size_t>(n));
+    dequantize_row(t, q.data(), w.data(), n);
+    double mag = 0;
+    for (size_t i = 0; i < size_t(n); ++i) mag += std::fabs(double(w[i]) * x[i]);
+    scalar_guard g(true);
+    const float slow = dot_row(t, q.data(), x.data(), n);
+    BOOST_TEST_REQUIRE(std::fabs(double(fast) - slow) <= 1e-5 * mag + 1e-30,
+                       dtype_name(t) << " " << what << " n=" << n << " " << fast << " vs " << slow);
+}
+
+BOOST_AUTO_TEST_CASE(simd_matches_scalar_on_odd_lengths) {
     if (std::string(kernel_isa()) == "scalar") {
         BOOST_TEST_MESSAGE("no AVX2 on this CPU: only the scalar path is tested");
         return;
     }
-    // Multiples of 32 that are not multiples of 256, plus odd lengths for the dense types.
-    for (int64_t n : {32, 96, 160, 352, 1056, 4128, 7, 37, 101, 1001}) {
+    for (int64_t n : kKernelLengths) {
         const auto src = random_floats(size_t(n), uint32_t(n), 2.0f);
         const auto x = random_floats(size_t(n), uint32_t(n + 1));
         for (ggml_type t : kComputeTypes) {
             if (n % dtype_info(t).block_elems != 0) continue;
             const auto q = quantized(t, src, 1, n);
-            std::vector<float> w(static_cast<size_t>(n));
-            dequantize_row(t, q.data(), w.data(), n);
-            double mag = 0;
-            for (size_t i = 0; i < size_t(n); ++i) mag += std::fabs(double(w[i]) * x[i]);
-            float fast, slow;
-            {
-                scalar_guard g(true);
-                slow = dot_row(t, q.data(), x.data(), n);
-            }
-            fast = dot_row(t, q.data(), x.data(), n);
-            BOOST_TEST_REQUIRE(std::fabs(double(fast) - slow) <= 1e-5 * mag + 1e-30,
-                               dtype_name(t) << " n=" << n << " " << fast << " vs " << slow);
+            check_against_scalar(t, q, x, n, dot_row(t, q.data(), x.data(), n), kernel_isa());
         }
     }
 }
 
-// On an AVX-512 machine the dispatcher never picks the AVX2 quantized dots, so call them directly.
-BOOST_AUTO_TEST_CASE(avx2_quantized_dots_match_scalar_when_avx512_is_picked) {
+// On an AVX-512 machine the dispatcher never picks the AVX2 dots, so call them directly.
+BOOST_AUTO_TEST_CASE(avx2_dots_match_scalar_when_avx512_is_picked) {
     if (std::string(kernel_isa()) != "avx512") {
         BOOST_TEST_MESSAGE("dispatcher does not use AVX-512: covered by the test above");
         return;
     }
-    for (int64_t n : {32, 96, 352, 4128}) {
+    const auto avx2_dot = [](ggml_type t) {
+        switch (t) {
+            case ggml_type::f32: return detail::dot_f32_avx2;
+            case ggml_type::f16: return detail::dot_f16_avx2;
+            case ggml_type::bf16: return detail::dot_bf16_avx2;
+            case ggml_type::q8_0: return detail::dot_q8_0_avx2;
+            default: return detail::dot_mxfp4_avx2;
+        }
+    };
+    for (int64_t n : kKernelLengths) {
         const auto src = random_floats(size_t(n), uint32_t(3 * n), 2.0f);
         const auto x = random_floats(size_t(n), uint32_t(3 * n + 1));
-        for (ggml_type t : {ggml_type::q8_0, ggml_type::mxfp4}) {
+        for (ggml_type t : kComputeTypes) {
+            if (n % dtype_info(t).block_elems != 0) continue;
             const auto q = quantized(t, src, 1, n);
-            std::vector<float> w(static_cast<size_t>(n));
-            dequantize_row(t, q.data(), w.data(), n);
-            double mag = 0;
-            for (size_t i = 0; i < size_t(n); ++i) mag += std::fabs(double(w[i]) * x[i]);
-            const float avx2 = t == ggml_type::q8_0 ? detail::dot_q8_0_avx2(q.data(), x.data(), n)
-                                                    : detail::dot_mxfp4_avx2(q.data(), x.data(), n);
-            scalar_guard g(true);
-            const float slow = dot_row(t, q.data(), x.data(), n);
-            BOOST_TEST_REQUIRE(std::fabs(double(avx2) - slow) <= 1e-5 * mag + 1e-30, dtype_name(t) << " n=" << n);
+            check_against_scalar(t, q, x, n, avx2_dot(t)(q.data(), x.data(), n), "avx2");
+        }
+    }
+}
+
+// The four-row kernels give each row the single-row kernel's bits (cpu_matmul's reproducibility
+// rests on it), on the SIMD path and on the scalar one; gemv, which uses them, equals dot_row.
+BOOST_AUTO_TEST_CASE(four_row_kernels_equal_one_row_bitwise) {
+    for (bool scalar : {false, true}) {
+        scalar_guard g(scalar);
+        for (int64_t n : kKernelLengths) {
+            for (ggml_type t : kComputeTypes) {
+                if (n % dtype_info(t).block_elems != 0) continue;
+                const int64_t rows = 11;  // two passes of four and a tail of three
+                const auto src = random_floats(size_t(rows * n), uint32_t(5 * n), 2.0f);
+                const auto x = random_floats(size_t(n), uint32_t(5 * n + 1));
+                const auto q = quantized(t, src, rows, n);
+                const int64_t rb = row_bytes(dtype_info(t), n);
+                const detail::row_kernel k = detail::pick_row_kernel(t);
+                std::vector<float> y(size_t(rows), NAN);
+                gemv(t, q.data(), rows, n, x.data(), y.data());
+                for (int64_t first = 0; first + 4 <= rows; ++first) {  // every alignment of a pass
+                    float four[4];
+                    k.four(q.data() + first * rb, rb, x.data(), n, four);
+                    for (int64_t r = 0; r < 4; ++r) {
+                        const float one = dot_row(t, q.data() + (first + r) * rb, x.data(), n);
+                        BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(four[r]) == std::bit_cast<uint32_t>(one),
+                                           dtype_name(t) << " scalar=" << scalar << " n=" << n << " row " << first + r);
+                    }
+                }
+                for (int64_t r = 0; r < rows; ++r) {
+                    const float one = dot_row(t, q.data() + r * rb, x.data(), n);
+                    BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(y[size_t(r)]) == std::bit_cast<uint32_t>(one),
+                                       dtype_name(t) << " gemv scalar=" << scalar << " n=" << n << " row " << r);
+                }
+            }
         }
     }
 }
