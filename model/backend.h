@@ -33,6 +33,9 @@ struct matmul_job {
     float* y = nullptr;
     int64_t y_stride = 0;
     bool round_bf16 = false;
+    // The router's scores instead: y = router_score(W x) (sqrt of softplus, model/router_score.h),
+    // computed in the parallel pass rather than serially after it.
+    bool router_scores = false;
 };
 
 class backend {

@@ -3,62 +3,169 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
 #include "model/bf16.h"
+#include "model/cpu_elementwise.h"
 #include "model/cpu_matmul.h"
+#include "model/router_score.h"
 
 namespace moestream {
 namespace {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
-// Mean of squares in double: the statistic must not depend on the vector width of the machine.
-float inv_rms(const float* x, int64_t n, float eps) {
-    double s = 0;
-    for (int64_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
-    return 1.0f / std::sqrt(float(s / double(n)) + eps);
+using elementwise::inv_rms;
+
+// Row-parallel element-wise ops split their rows into chunks of at least this many values, so a
+// decode step (one row) runs inline on the calling thread and a prefill is shared out. A row's
+// values never depend on the chunking.
+constexpr int64_t kMinValuesPerChunk = 16 << 10;
+
+int64_t rows_per_chunk(int64_t values_per_row) {
+    return std::max<int64_t>(1, kMinValuesPerChunk / std::max<int64_t>(values_per_row, 1));
 }
 
-// The hot loops below are compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time).
-// Their arithmetic is the same lane by lane in every clone (no fp contraction, fixed lane sums),
-// so the clones give identical bits.
-#define MS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-MS_VECTOR_CLONES double dot(const float* a, const float* b, int64_t n) {
-    // fp32 products summed in fp32 over 32 interleaved lanes (four independent vector chains, so
-    // the adds are not latency-bound), then the lanes in a fixed tree: a fixed order
-    // (reproducible) that the compiler turns into vector code on any x86-64.
-    float lane[32] = {};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int k = 0; k < 32; ++k) lane[k] += a[i + k] * b[i + k];
-    for (; i < n; ++i) lane[i % 32] += a[i] * b[i];
-    for (int w = 16; w >= 1; w /= 2)
-        for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
-    return lane[0];
+// A scratch vector of the calling thread, grown to the largest size asked for and kept, so ops
+// allocate only while sizes still grow. Workers must reach it through pointers taken by the
+// caller (a thread_local named inside a task is the worker's own).
+enum scratch_slot {
+    k_slot_rope,
+    k_slot_mix,
+    k_slot_engram_h,
+    k_slot_engram_k,
+    k_slot_scores,
+    k_slot_inv_denom,
+    k_slot_key_begin
+};
+template <class T, scratch_slot Slot>
+std::vector<T>& scratch(size_t size) {
+    thread_local std::vector<T> v;
+    if (v.size() < size) v.resize(size);
+    return v;
 }
 
-// y += a x
-MS_VECTOR_CLONES void axpy(float a, const float* x, float* y, int64_t n) {
-    for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
-}
-
-// out[j] = bf16(post_j f + Σ_i C[i][j] H_i) for one row (sums in i order).
-MS_VECTOR_CLONES void expand_row(const float* f, const float* Hr, int hc, int64_t dim, const float* post,
-                                 const float* C, float* tmp) {
-    for (int j = 0; j < hc; ++j) {
-        float* t = tmp + j * dim;
-        for (int64_t d = 0; d < dim; ++d) t[d] = 0.0f;
-        for (int i = 0; i < hc; ++i) {
-            const float c = C[i * hc + j];
-            const float* h = Hr + i * dim;
-            for (int64_t d = 0; d < dim; ++d) t[d] += c * h[d];
+// cos / sin of fp32(pos) * freqs[i] for one position and one frequency table, with the last few
+// results kept: a decode step ropes q, kv, the output and the index q of every layer at the same
+// position with the same table. The key is the position's fp32 value and the table's values, so
+// a hit returns exactly what the computation would.
+class rope_table_cache {
+  public:
+    // Returns cos in [0, pairs) and sin in [pairs, 2 pairs).
+    const float* get(float pos, const float* freqs, int64_t pairs) {
+        for (entry& e : entries_)
+            if (e.pairs == pairs && std::memcmp(&e.pos, &pos, sizeof pos) == 0 &&
+                std::memcmp(e.freqs.data(), freqs, size_t(pairs) * sizeof(float)) == 0)
+                return e.cos_sin.data();
+        entry& e = entries_[next_];
+        next_ = (next_ + 1) % kEntries;
+        e.pos = pos;
+        e.pairs = pairs;
+        e.freqs.assign(freqs, freqs + pairs);
+        e.cos_sin.resize(size_t(2 * pairs));
+        for (int64_t i = 0; i < pairs; ++i) {
+            // The reference forms the angle in fp32: fp32(pos) * f_i, then fp32 cos/sin.
+            const float theta = pos * freqs[i];
+            e.cos_sin[size_t(i)] = std::cos(theta);
+            e.cos_sin[size_t(pairs + i)] = std::sin(theta);
         }
-        const float p = post[j];
-        for (int64_t d = 0; d < dim; ++d) t[d] = round_to_bf16(p * f[d] + t[d]);
+        return e.cos_sin.data();
     }
+
+  private:
+    static constexpr int kEntries = 4;
+    struct entry {
+        float pos = 0;
+        int64_t pairs = -1;
+        std::vector<float> freqs, cos_sin;
+    };
+    entry entries_[kEntries];
+    int next_ = 0;
+};
+
+// Bound on the heads of attention and the indexer (per-key scores live on the stack).
+constexpr int kMaxHeads = 256;
+
+// Attention processes its rows in groups whose scores (n_keys x n_heads floats per row) fit this
+// bound, so the scratch stays bounded on long prefills; a row's values do not depend on its group.
+constexpr int64_t kMaxAttentionScores = int64_t(1) << 21;
+
+// Attention for a group of rows (MQA: every head shares the row's keys, K = V) in three parallel
+// passes, so that each key is read from memory once per row and all threads take part even for
+// a single decode row:
+//   1. one unit per (row, key): the key's score against every head, dot(q_h, k) * scale;
+//   2. one unit per (row, head): max with the sink, exp(s - max), the denominator (fp32 values,
+//      key order), the weights (rounded to bf16 with bf16_probs), 1 / denominator;
+//   3. one unit per (row, slice of head_dim): Σ_i w_h,i k_i[slice] for every head, keys in
+//      ascending order, times 1 / denominator, rounded to bf16.
+// Every value is computed by the same operations in the same order as a per-(row, head) loop
+// would (same dot, same sequential max / sum / accumulation), whatever the units' chunking.
+void attention_group(thread_pool& pool, std::span<const attention_row> rows, int n_heads, int64_t head_dim,
+                     float scale, const float* sinks, bool bf16_probs) {
+    const int64_t n_rows = int64_t(rows.size());
+    // key_begin[r]: the row's first key in the group's key numbering; its scores sit at
+    // scores[key_begin[r] * n_heads + h * n_keys + i] (head-major: pass 2 walks a head's keys).
+    std::vector<int64_t>& key_begin = scratch<int64_t, k_slot_key_begin>(size_t(n_rows + 1));
+    key_begin[0] = 0;
+    for (int64_t r = 0; r < n_rows; ++r) {
+        MS_ASSERT(rows[size_t(r)].n_keys >= 0);
+        key_begin[size_t(r + 1)] = key_begin[size_t(r)] + rows[size_t(r)].n_keys;
+    }
+    const int64_t total_keys = key_begin[size_t(n_rows)];
+    const int64_t* kb = key_begin.data();
+    float* scores = scratch<float, k_slot_scores>(size_t(total_keys * n_heads)).data();
+    float* inv_denom = scratch<float, k_slot_inv_denom>(size_t(n_rows * n_heads)).data();
+
+    // Pass 1. Grain: a few keys per chunk (each key is n_heads dots).
+    const int64_t key_grain = std::max<int64_t>(1, 4096 / (n_heads * head_dim));
+    pool.parallel_for(total_keys, key_grain, [&](int64_t begin, int64_t end) {
+        int64_t r = std::upper_bound(kb, kb + n_rows + 1, begin) - kb - 1;
+        for (int64_t u = begin; u < end; ++u) {
+            while (u >= kb[r + 1]) ++r;
+            const attention_row& row = rows[size_t(r)];
+            const int64_t i = u - kb[r];
+            float dots[kMaxHeads];
+            elementwise::dot_heads(row.q, head_dim, n_heads, row.keys[i], head_dim, dots);
+            float* s = scores + kb[r] * n_heads + i;
+            for (int h = 0; h < n_heads; ++h) s[h * row.n_keys] = dots[h] * scale;
+        }
+    });
+
+    // Pass 2.
+    pool.parallel_for(n_rows * n_heads, [&](int64_t begin, int64_t end) {
+        for (int64_t u = begin; u < end; ++u) {
+            const int64_t r = u / n_heads;
+            const int h = int(u % n_heads);
+            const int64_t n_keys = rows[size_t(r)].n_keys;
+            float* p = scores + kb[r] * n_heads + h * n_keys;
+            float m = sinks[h];
+            for (int64_t i = 0; i < n_keys; ++i) m = std::max(m, p[i]);
+            float denom = std::exp(sinks[h] - m);
+            for (int64_t i = 0; i < n_keys; ++i) denom += (p[i] = std::exp(p[i] - m));
+            if (bf16_probs) round_to_bf16(p, n_keys);
+            inv_denom[u] = 1.0f / denom;
+        }
+    });
+
+    // Pass 3.
+    const int64_t slices = (head_dim + elementwise::kAttentionSlice - 1) / elementwise::kAttentionSlice;
+    pool.parallel_for(n_rows * slices, [&](int64_t begin, int64_t end) {
+        for (int64_t u = begin; u < end; ++u) {
+            const int64_t r = u / slices;
+            const int64_t d0 = (u % slices) * elementwise::kAttentionSlice;
+            const int64_t width = std::min(elementwise::kAttentionSlice, head_dim - d0);
+            const attention_row& row = rows[size_t(r)];
+            if (row.n_keys == 0) {
+                // No key visible: the output is zero (the sink alone carries no value).
+                for (int h = 0; h < n_heads; ++h) std::fill_n(row.out + h * head_dim + d0, width, 0.0f);
+                continue;
+            }
+            elementwise::attend_slice(row.keys, row.n_keys, scores + kb[r] * n_heads, inv_denom + r * n_heads,
+                                      n_heads, head_dim, d0, width, row.out);
+        }
+    });
 }
 
 }  // namespace
@@ -120,6 +227,9 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
                               jb.y + tl.begin, jb.y_stride);
             if (jb.round_bf16)
                 for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, tl.end - tl.begin);
+            if (jb.router_scores)
+                for (int64_t r = 0; r < jb.n; ++r)
+                    for (int64_t o = tl.begin; o < tl.end; ++o) jb.y[r * jb.y_stride + o] = router_score(jb.y[r * jb.y_stride + o]);
         }
     });
 }
@@ -127,16 +237,10 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
 void cpu_backend::rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                            bool round) {
     timer t_(*this, k_rms_norm);
-    for (int64_t r = 0; r < n; ++r) {
-        const float* xr = x + r * dim;
-        float* yr = y + r * dim;
-        const float s = inv_rms(xr, dim, eps);
-        for (int64_t i = 0; i < dim; ++i) {
-            float v = xr[i] * s;
-            if (w) v *= w[i];
-            yr[i] = round ? round_to_bf16(v) : v;
-        }
-    }
+    pool_.parallel_for(n, rows_per_chunk(dim), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            elementwise::scale_row(x + r * dim, inv_rms(x + r * dim, dim, eps), w, y + r * dim, dim, round);
+    });
 }
 
 void cpu_backend::round_bf16(float* x, int64_t count) { round_to_bf16(x, count); }
@@ -144,23 +248,21 @@ void cpu_backend::round_bf16(float* x, int64_t count) { round_to_bf16(x, count);
 void cpu_backend::rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
                        const int64_t* pos, const float* freqs, bool inverse) {
     timer t_(*this, k_rope);
+    MS_ASSERT(rope_dim % 2 == 0 && rope_dim <= head_dim);
     const int64_t pairs = rope_dim / 2;
-    std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
+    thread_local rope_table_cache cache;
+    // The inverse turn uses -sin (negation is exact, as in a * c - b * (-s)).
+    std::vector<float>& neg_sin = scratch<float, k_slot_rope>(size_t(pairs));
     for (int64_t r = 0; r < n; ++r) {
-        for (int64_t i = 0; i < pairs; ++i) {
-            // The reference forms the angle in fp32: fp32(pos) * f_i, then fp32 cos/sin.
-            const float theta = float(pos[r]) * freqs[i];
-            c[size_t(i)] = std::cos(theta);
-            s[size_t(i)] = inverse ? -std::sin(theta) : std::sin(theta);
+        const float* cos_sin = cache.get(float(pos[r]), freqs, pairs);
+        const float* c = cos_sin;
+        const float* s = cos_sin + pairs;
+        if (inverse) {
+            for (int64_t i = 0; i < pairs; ++i) neg_sin[size_t(i)] = -s[i];
+            s = neg_sin.data();
         }
-        for (int h = 0; h < n_heads; ++h) {
-            float* t = x + r * row_stride + h * head_dim + (head_dim - rope_dim);
-            for (int64_t i = 0; i < pairs; ++i) {
-                const float a = t[2 * i], b = t[2 * i + 1];
-                t[2 * i] = round_to_bf16(a * c[size_t(i)] - b * s[size_t(i)]);
-                t[2 * i + 1] = round_to_bf16(a * s[size_t(i)] + b * c[size_t(i)]);
-            }
-        }
+        for (int h = 0; h < n_heads; ++h)
+            elementwise::rotate_pairs(x + r * row_stride + h * head_dim + (head_dim - rope_dim), c, s, pairs);
     }
 }
 
@@ -170,7 +272,7 @@ void cpu_backend::hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const
     timer t_(*this, k_hc_mixes);
     const int64_t n_mix = (2 + hc) * hc;
     MS_ASSERT(fn.rows == n_mix && fn.cols == hc * dim && fn.type == ggml_type::f32);
-    std::vector<float> mix(static_cast<size_t>(n * n_mix));
+    std::vector<float>& mix = scratch<float, k_slot_mix>(size_t(n * n_mix));
     if (fn_h) std::copy(fn_h, fn_h + n * n_mix, mix.begin());
     else matmul(fn, H, hc * dim, n, mix.data(), n_mix, false);
     for (int64_t r = 0; r < n; ++r) {
@@ -213,53 +315,37 @@ void cpu_backend::hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const
 
 void cpu_backend::hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
     timer t_(*this, k_hc_collapse);
-    for (int64_t r = 0; r < n; ++r)
-        for (int64_t d = 0; d < dim; ++d) {
-            float s = 0;
-            for (int k = 0; k < hc; ++k) s += p[r * hc + k] * H[(r * hc + k) * dim + d];
-            out[r * dim + d] = round_to_bf16(s);
-        }
+    pool_.parallel_for(n, rows_per_chunk(hc * dim), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            elementwise::collapse_row(H + r * hc * dim, hc, dim, p + r * hc, out + r * dim);
+    });
 }
 
 void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                             const float* comb, float* out) {
     timer t_(*this, k_hc_expand);
-    // Per value: s = Σ_i C[i][j] H_i (i ascending), then post_j f + s; the loops run along dim so
-    // they vectorise, the order of every sum is unchanged.
-    std::vector<float> tmp(static_cast<size_t>(hc * dim));
-    for (int64_t r = 0; r < n; ++r) {
-        expand_row(f + r * dim, H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc, tmp.data());
-        std::copy(tmp.begin(), tmp.end(), out + r * hc * dim);
-    }
+    pool_.parallel_for(n, rows_per_chunk(hc * dim), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            elementwise::expand_row(f + r * dim, H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc,
+                                    out + r * hc * dim);
+    });
 }
 
 void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
                             const float* sinks, bool bf16_probs) {
     timer t_(*this, k_attention);
-    const int64_t units = int64_t(rows.size()) * n_heads;
-    pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
-        std::vector<float> p;
-        for (int64_t u = begin; u < end; ++u) {
-            const attention_row& row = rows[size_t(u / n_heads)];
-            const int h = int(u % n_heads);
-            const float* q = row.q + h * head_dim;
-            float* o = row.out + h * head_dim;
-            std::fill(o, o + head_dim, 0.0f);
-            if (row.n_keys == 0) continue;
-            p.resize(size_t(row.n_keys));
-            float m = sinks[h];
-            for (int64_t i = 0; i < row.n_keys; ++i) {
-                p[size_t(i)] = float(dot(q, row.keys[i], head_dim)) * scale;
-                m = std::max(m, p[size_t(i)]);
-            }
-            float denom = std::exp(sinks[h] - m);
-            for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
-            for (int64_t i = 0; i < row.n_keys; ++i)
-                axpy(bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)], row.keys[i], o, head_dim);
-            const float inv = 1.0f / denom;
-            for (int64_t d = 0; d < head_dim; ++d) o[d] = round_to_bf16(o[d] * inv);
-        }
-    });
+    MS_ASSERT(n_heads >= 1 && n_heads <= kMaxHeads && head_dim >= 1);
+    size_t first = 0;
+    while (first < rows.size()) {
+        // The largest group of rows from `first` whose scores fit the bound (at least one row).
+        size_t last = first + 1;
+        int64_t scores = rows[first].n_keys * n_heads;
+        while (last < rows.size() && scores + rows[last].n_keys * n_heads <= kMaxAttentionScores)
+            scores += rows[last++].n_keys * n_heads;
+        attention_group(pool_, rows.subspan(first, last - first), n_heads, head_dim, scale, sinks,
+                        bf16_probs);
+        first = last;
+    }
 }
 
 void cpu_backend::simulate_quant(act_quant_kind kind, float* x, int64_t count) {
@@ -269,51 +355,53 @@ void cpu_backend::simulate_quant(act_quant_kind kind, float* x, int64_t count) {
 
 void cpu_backend::swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) {
     timer t_(*this, k_swiglu);
-    for (int64_t r = 0; r < n; ++r) {
-        const float wr = w ? w[r] : 1.0f;
-        for (int64_t i = 0; i < inter; ++i) {
-            const float gv = std::min(g[r * inter + i], limit);
-            const float uv = std::clamp(u[r * inter + i], -limit, limit);
-            const float h = gv / (1.0f + std::exp(-gv)) * uv;
-            g[r * inter + i] = round_to_bf16(wr * h);
-        }
-    }
+    pool_.parallel_for(n, rows_per_chunk(inter), [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r)
+            elementwise::swiglu_row(g + r * inter, u + r * inter, inter, limit, w ? w[r] : 1.0f);
+    });
 }
 
 void cpu_backend::indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
                                  const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) {
     timer t_(*this, k_indexer);
-    pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r)
-            for (int64_t j = 0; j < n_keys; ++j) {
-                if (j >= n_visible[r]) {
-                    scores[r * n_keys + j] = -std::numeric_limits<float>::infinity();
-                    continue;
-                }
-                float s = 0;
-                for (int h = 0; h < n_heads; ++h) {
-                    const float qk = round_to_bf16(float(dot(q + (r * n_heads + h) * head_dim, keys + j * head_dim, head_dim)));
-                    s += round_to_bf16(std::max(qk, 0.0f) * w[r * n_heads + h]);
-                }
-                scores[r * n_keys + j] = round_to_bf16(s);
+    MS_ASSERT(n_heads >= 1 && n_heads <= kMaxHeads);
+    // One unit per (row, entry), so a single decode row is shared out too; every score is
+    // computed alone, whatever unit boundaries the thread count gives.
+    const int64_t grain = rows_per_chunk(n_heads * head_dim);
+    pool_.parallel_for(n * n_keys, grain, [&](int64_t begin, int64_t end) {
+        for (int64_t u = begin; u < end; ++u) {
+            const int64_t r = u / n_keys, j = u % n_keys;
+            if (j >= n_visible[r]) {
+                scores[u] = -std::numeric_limits<float>::infinity();
+                continue;
             }
+            float dots[kMaxHeads];
+            elementwise::dot_heads(q + r * n_heads * head_dim, head_dim, n_heads, keys + j * head_dim, head_dim,
+                                   dots);
+            float s = 0;
+            for (int h = 0; h < n_heads; ++h) {
+                const float qk = round_to_bf16(dots[h]);
+                s += round_to_bf16(std::max(qk, 0.0f) * w[r * n_heads + h]);
+            }
+            scores[u] = round_to_bf16(s);
+        }
     });
 }
 
 void cpu_backend::engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
                               float norm_eps) {
     timer t_(*this, k_engram);
-    std::vector<float> hn(static_cast<size_t>(dim)), kn(static_cast<size_t>(dim));
+    float* hn = scratch<float, k_slot_engram_h>(size_t(dim)).data();
+    float* kn = scratch<float, k_slot_engram_k>(size_t(dim)).data();
     const float inv_sqrt_dim = 1.0f / std::sqrt(float(dim));
     for (int64_t r = 0; r < n; ++r) {
         const float* value = kv + (r * (hc + 1) + hc) * dim;
         for (int k = 0; k < hc; ++k) {
             float* Hk = H + (r * hc + k) * dim;
             const float* key = kv + (r * (hc + 1) + k) * dim;
-            rms_norm(Hk, 1, dim, nullptr, norm_eps, hn.data(), true);
-            rms_norm(key, 1, dim, nullptr, norm_eps, kn.data(), true);
-            double d = 0;
-            for (int64_t i = 0; i < dim; ++i) d += double(hn[size_t(i)] * qk[k * dim + i] * kn[size_t(i)]);
+            elementwise::scale_row(Hk, inv_rms(Hk, dim, norm_eps), nullptr, hn, dim, true);
+            elementwise::scale_row(key, inv_rms(key, dim, norm_eps), nullptr, kn, dim, true);
+            const double d = elementwise::sum_of_triple_products(hn, qk + k * dim, kn, dim);
             const float dotv = float(d) * inv_sqrt_dim;
             const float sgn = dotv > 0 ? 1.0f : (dotv < 0 ? -1.0f : 0.0f);
             const float gate = sigmoid(sgn * std::sqrt(std::max(std::fabs(dotv), 1e-6f)));

@@ -174,7 +174,7 @@ result<std::unique_ptr<loaded_model>> load_model(const std::string& path, const 
     auto hp = read_hparams(*file);
     if (!hp) return hp.err();
     if (auto st = check_tensors(*file, *hp, false); !st) return st.err();
-    auto m = std::make_unique<loaded_model>(loaded_model{*hp, std::move(*file), std::nullopt, {}, std::nullopt, {}, {}, {}});
+    auto m = std::make_unique<loaded_model>(loaded_model{*hp, std::move(*file), std::nullopt, {}, std::nullopt, {}, {}, {}, {}});
     binder b{m->target, *m, "", ""};
     m->weights.token_embd = b.weight("token_embd.weight");
     m->weights.output = b.weight("output.weight");

@@ -98,12 +98,6 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     e.be.matmul(lw.out_b, u.data(), low, n, out.data(), hp.dim, true);
 }
 
-namespace {
-
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
-}  // namespace
-
 void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
     MS_ASSERT(k >= 0 && k <= n);
     if (k == 0) return;
@@ -132,15 +126,38 @@ void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
     std::copy(idx.begin(), idx.begin() + k, out);
 }
 
+namespace {
+
+// Every expert's rows of one MoE step: its input rows, their routing weights, and its buffers.
+struct expert_work {
+    std::vector<int64_t> rows;
+    std::vector<float> w, x, g, u, y;
+    expert_weights ew;
+};
+
+// moe()'s buffers, kept per thread between calls: decode runs it 40 times a token, and fresh
+// vectors (allocated, zero-filled, freed) cost more there than the routing arithmetic.
+struct moe_scratch {
+    std::vector<float> xq, scores, biased, shared_g, shared_u, ahead, weights, acc;
+    std::vector<int32_t> picks, needed, predicted, pending;
+    std::vector<size_t> group;
+    std::vector<matmul_job> jobs;
+    std::vector<expert_work> work;
+};
+thread_local moe_scratch t_moe;
+
+}  // namespace
+
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra,
            const layer_weights* next) {
     const auto& hp = e.hp;
+    moe_scratch& sc = t_moe;
     const int64_t n = rows.n(), dim = hp.dim;
     // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip
     // (the router, fp32, sees x itself).
     const float* xe = x;
-    std::vector<float> xq;
+    std::vector<float>& xq = sc.xq;
     if (e.opts.act_quant) {
         xq.assign(x, x + n * dim);
         act_quant(e, act_quant_kind::fp8_e8m0_32, xq.data(), n * dim);
@@ -149,29 +166,35 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     // One parallel step: the router, the shared expert's gate/up (they need no routing) and the
     // caller's extra work.
     const int64_t sinter = lw.gate_shexp.rows;
-    std::vector<float> scores(static_cast<size_t>(n * n_experts)), biased(static_cast<size_t>(n_experts));
-    std::vector<float> shared_g(static_cast<size_t>(n * sinter)), shared_u(static_cast<size_t>(n * sinter));
-    std::vector<float> ahead;  // the next layer's router on this input (look-ahead)
+    std::vector<float>&scores = sc.scores, &biased = sc.biased, &shared_g = sc.shared_g, &shared_u = sc.shared_u;
+    scores.resize(size_t(n * n_experts));
+    biased.resize(size_t(n_experts));
+    shared_g.resize(size_t(n * sinter));
+    shared_u.resize(size_t(n * sinter));
+    std::vector<float>& ahead = sc.ahead;  // the next layer's router on this input (look-ahead)
+    ahead.clear();
     {
-        std::vector<matmul_job> first{{lw.gate_inp, x, dim, n, scores.data(), n_experts, false},
-                                      {lw.gate_shexp, xe, dim, n, shared_g.data(), sinter, true},
-                                      {lw.up_shexp, xe, dim, n, shared_u.data(), sinter, true}};
+        std::vector<matmul_job>& first = sc.jobs;
+        first.clear();
+        first.push_back({lw.gate_inp, x, dim, n, scores.data(), n_experts, false, true});
+        first.push_back({lw.gate_shexp, xe, dim, n, shared_g.data(), sinter, true});
+        first.push_back({lw.up_shexp, xe, dim, n, shared_u.data(), sinter, true});
         first.insert(first.end(), extra.begin(), extra.end());
         if (next && e.opts.lookahead) {
             ahead.resize(size_t(n * n_experts));
-            first.push_back({next->gate_inp, x, dim, n, ahead.data(), n_experts, false});
+            first.push_back({next->gate_inp, x, dim, n, ahead.data(), n_experts, false, true});
         }
         e.be.matmul_batch(first);
     }
-    // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)); the bias only selects.
-    std::vector<int32_t> picks(static_cast<size_t>(n * n_active));
-    std::vector<float> weights(static_cast<size_t>(n * n_active));
+    // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)) (formed in the parallel step); the
+    // bias only selects.
+    std::vector<int32_t>& picks = sc.picks;
+    std::vector<float>& weights = sc.weights;
+    picks.resize(size_t(n * n_active));
+    weights.resize(size_t(n * n_active));
     for (int64_t r = 0; r < n; ++r) {
         float* s = scores.data() + r * n_experts;
-        for (int i = 0; i < n_experts; ++i) {
-            s[i] = std::sqrt(softplus(s[i]));
-            biased[size_t(i)] = s[i] + lw.exp_probs_b[i];
-        }
+        for (int i = 0; i < n_experts; ++i) biased[size_t(i)] = s[i] + lw.exp_probs_b[i];
         std::span<int32_t> p(picks.data() + r * n_active, size_t(n_active));
         top_k(biased.data(), n_experts, n_active, p.data());
         if (e.opts.hook)
@@ -189,15 +212,17 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     observe(e, "router_scores", layer, scores.data(), {n, n_experts});
 
     // The union of the rows' experts, announced at once (one read queue for the whole layer).
-    std::vector<int32_t> needed(picks);
+    std::vector<int32_t>& needed = sc.needed;
+    needed.assign(picks.begin(), picks.end());
     std::sort(needed.begin(), needed.end());
     needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
     e.experts.need(layer, needed);
     if (!ahead.empty()) {
-        std::vector<int32_t> predicted(static_cast<size_t>(n * n_active));
+        std::vector<int32_t>& predicted = sc.predicted;
+        predicted.resize(size_t(n * n_active));
         for (int64_t r = 0; r < n; ++r) {
             float* s = ahead.data() + r * n_experts;
-            for (int i = 0; i < n_experts; ++i) s[i] = std::sqrt(softplus(s[i])) + next->exp_probs_b[i];
+            for (int i = 0; i < n_experts; ++i) s[i] += next->exp_probs_b[i];
             top_k(s, n_experts, n_active, predicted.data() + r * n_active);
         }
         std::sort(predicted.begin(), predicted.end());
@@ -210,12 +235,13 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     // projections run as one parallel step and its down projections as another. The sum is taken
     // afterwards in a fixed order, ascending expert id then the shared expert, whatever the
     // grouping or the order the experts became resident in.
-    struct expert_work {
-        std::vector<int64_t> rows;
-        std::vector<float> w, x, g, u, y;
-        expert_weights ew;
-    };
-    std::vector<expert_work> work(needed.size() + 1);
+    std::vector<expert_work>& work = sc.work;
+    work.resize(needed.size() + 1);
+    for (auto& ex : work) {
+        ex.rows.clear();
+        ex.w.clear();
+        ex.ew = {};
+    }
     for (size_t k = 0; k < needed.size(); ++k) {
         auto& ex = work[k];
         for (int64_t r = 0; r < n; ++r)
@@ -231,15 +257,16 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     auto& shared = work.back();
     shared.ew = {lw.gate_shexp, lw.up_shexp, lw.down_shexp};
     for (int64_t r = 0; r < n; ++r) shared.rows.push_back(r);
-    shared.g = std::move(shared_g);  // computed with the router
-    shared.u = std::move(shared_u);
+    std::swap(shared.g, shared_g);  // computed with the router (the swap keeps both buffers)
+    std::swap(shared.u, shared_u);
     shared.y.resize(size_t(n * dim));
     // Experts are computed as they become resident (expert-granular overlap with the reads of the
     // others), in groups of what is ready; the shared expert joins the first group.
     const int64_t cap = std::max<int64_t>(1, e.experts.max_held());
-    std::vector<int32_t> pending(needed);
-    std::vector<size_t> group;
-    std::vector<matmul_job> jobs;
+    std::vector<int32_t>& pending = sc.pending;
+    pending.assign(needed.begin(), needed.end());
+    std::vector<size_t>& group = sc.group;
+    std::vector<matmul_job>& jobs = sc.jobs;
     bool shared_done = false;
     while (!pending.empty() || !shared_done) {
         group.clear();
@@ -279,7 +306,8 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         for (size_t k : group)
             if (k + 1 < work.size()) e.experts.release(layer, needed[k]);
     }
-    std::vector<float> acc(static_cast<size_t>(n * dim), 0.0f);
+    std::vector<float>& acc = sc.acc;
+    acc.assign(size_t(n * dim), 0.0f);
     for (const auto& ex : work)
         for (size_t i = 0; i < ex.rows.size(); ++i)
             for (int64_t d = 0; d < dim; ++d) acc[size_t(ex.rows[i] * dim + d)] += ex.y[i * size_t(dim) + size_t(d)];

@@ -1,0 +1,307 @@
+#include "model/cpu_elementwise.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "config/assert.h"
+#include "model/bf16.h"
+
+namespace moestream::elementwise {
+namespace {
+
+// The hot loops are compiled for AVX-512, AVX2 and baseline x86-64 (picked at load time). Their
+// arithmetic is the same lane by lane in every clone (no fp contraction, fixed lane sums), so the
+// clones give identical bits.
+#define MS_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+constexpr int kSumLanes = 16;
+
+// 16 fp32 lanes as a GCC vector: one AVX-512 register, two AVX2 or four SSE registers, the same
+// element-wise IEEE operations in every clone. Used where the compiler's own vectorisation of
+// the equivalent scalar loops was poor (it vectorised across heads with permutes).
+// The helpers taking or returning these are always inlined, so the psABI note GCC gives for
+// 64-byte vector values outside an AVX-512 context concerns no real call.
+#pragma GCC diagnostic ignored "-Wpsabi"
+typedef float f32x16 __attribute__((vector_size(64)));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef int32_t i32x16 __attribute__((vector_size(64)));
+constexpr int64_t kVec = 16;
+
+[[gnu::always_inline]] inline f32x16 load16(const float* p) {
+    f32x16 v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+[[gnu::always_inline]] inline void store16(float* p, const f32x16& v) {
+    std::memcpy(p, &v, sizeof v);
+}
+
+// round_to_bf16 (model/bf16.h) lane by lane, the same integer operations.
+[[gnu::always_inline]] inline f32x16 round16_to_bf16(const f32x16& x) {
+    u32x16 u;
+    std::memcpy(&u, &x, sizeof u);
+    const u32x16 rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    const u32x16 nan = (u | 0x00400000u) & 0xffff0000u;
+    const u32x16 r = (u & 0x7fffffffu) > 0x7f800000u ? nan : rounded;
+    f32x16 out;
+    std::memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+// The lane tree of dot() for four vectors of partial sums at once: lane k of every head is
+// added to lane k + 8, then k + 4, k + 2, k + 1 (the same additions of the same operands as the
+// scalar tree); heads are packed side by side so each level is one vector add. Returns the four
+// sums in lanes 0..3.
+[[gnu::always_inline]] inline f32x16 reduce_four(const f32x16* s) {
+    constexpr i32x16 lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    constexpr i32x16 hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+    constexpr i32x16 lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+    constexpr i32x16 hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+    constexpr i32x16 lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 0, 1, 4, 5, 8, 9, 12, 13};
+    constexpr i32x16 hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 2, 3, 6, 7, 10, 11, 14, 15};
+    constexpr i32x16 lo1 = {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6};
+    constexpr i32x16 hi1 = {1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7, 1, 3, 5, 7};
+    const f32x16 ab =
+        __builtin_shuffle(s[0], s[1], lo8) + __builtin_shuffle(s[0], s[1], hi8);  // 8 lanes each
+    const f32x16 cd = __builtin_shuffle(s[2], s[3], lo8) + __builtin_shuffle(s[2], s[3], hi8);
+    const f32x16 abcd = __builtin_shuffle(ab, cd, lo4) + __builtin_shuffle(ab, cd, hi4);  // 4 lanes each
+    const f32x16 pairs = __builtin_shuffle(abcd, lo2) + __builtin_shuffle(abcd, hi2);     // 2 lanes each
+    return __builtin_shuffle(pairs, lo1) + __builtin_shuffle(pairs, hi1);
+}
+
+// Adds the lanes pairwise in a fixed tree (8, 4, 2, 1 apart).
+template <class T>
+T reduce_lanes(T (&lane)[kSumLanes]) {
+    for (int w = kSumLanes / 2; w >= 1; w /= 2)
+        for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
+    return lane[0];
+}
+
+// exp(x) for a double x in [-128, 128] (a float widened: exact). x = k ln2 + r with k =
+// round(x / ln2) (the 1.5·2^52 shift rounds to nearest and leaves k in the low mantissa bits),
+// |r| <= ln2/2, ln2 split so k·ln2_hi is exact; exp(r) by the Taylor series to r^11 (truncation
+// error < 7e-15 relative), times 2^k built from the bits. NaN propagates through the arithmetic.
+// Always inlined so the loops around it vectorise.
+[[gnu::always_inline]] inline double exp_in_double(double x) {
+    constexpr double log2e = 0x1.71547652b82fep0, shift = 0x1.8p52;
+    constexpr double ln2_hi = 0x1.62e42fee00000p-1, ln2_lo = 0x1.a39ef35793c76p-33;
+    const double shifted = x * log2e + shift;
+    const double k = shifted - shift;
+    const int64_t ki = std::bit_cast<int64_t>(shifted) - std::bit_cast<int64_t>(shift);
+    const double two_k = std::bit_cast<double>(uint64_t(ki + 1023) << 52);
+    const double r = (x - k * ln2_hi) - k * ln2_lo;
+    double p = 1.0 / 39916800;
+    p = p * r + 1.0 / 3628800;
+    p = p * r + 1.0 / 362880;
+    p = p * r + 1.0 / 40320;
+    p = p * r + 1.0 / 5040;
+    p = p * r + 1.0 / 720;
+    p = p * r + 1.0 / 120;
+    p = p * r + 1.0 / 24;
+    p = p * r + 1.0 / 6;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    return p * two_k;
+}
+
+// exp for any float: magnitudes above 128 (inf included) are clamped to ±128, whose exp is
+// already inf / 0 in fp32. The clamp works on the bits (integer selects) because a float
+// compare-and-select here makes GCC branch on the constant instead of vectorising; NaN (bits
+// above inf) is left alone and comes out NaN.
+[[gnu::always_inline]] inline float exp_float(float x) {
+    const uint32_t u = std::bit_cast<uint32_t>(x);
+    const uint32_t mag = u & 0x7fffffffu;
+    constexpr uint32_t k128 = 0x43000000u, kInf = 0x7f800000u;
+    const uint32_t clamped = (mag > k128 && mag <= kInf) ? ((u & 0x80000000u) | k128) : u;
+    return float(exp_in_double(double(std::bit_cast<float>(clamped))));
+}
+
+}  // namespace
+
+MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, const float* key, int64_t n,
+                                float* out) {
+    // fp32 products summed in fp32 over 32 interleaved lanes (lane k takes elements i ≡ k mod 32,
+    // in order), then the lanes in a fixed tree: a fixed order (reproducible) independent of the
+    // vector width. Four heads at a time: eight independent accumulator chains share each load
+    // of the key, and their trees are reduced together.
+    constexpr int kGroup = 4;
+    for (int h0 = 0; h0 < n_heads; h0 += kGroup) {
+        const float* qh[kGroup];
+        for (int g = 0; g < kGroup; ++g) qh[g] = q + std::min(h0 + g, n_heads - 1) * q_stride;  // pad: repeat
+        f32x16 lo[kGroup] = {}, hi[kGroup] = {};  // lanes 0..15, 16..31
+        int64_t i = 0;
+        for (; i + 2 * kVec <= n; i += 2 * kVec) {
+            const f32x16 k0 = load16(key + i), k1 = load16(key + i + kVec);
+            for (int g = 0; g < kGroup; ++g) {
+                lo[g] += load16(qh[g] + i) * k0;
+                hi[g] += load16(qh[g] + i + kVec) * k1;
+            }
+        }
+        for (int64_t k = 0; i + k < n; ++k)  // the tail: element i + k goes to lane k (i is a multiple of 32)
+            for (int g = 0; g < kGroup; ++g) {
+                const float prod = qh[g][i + k] * key[i + k];
+                if (k < kVec)
+                    lo[g][k] += prod;
+                else
+                    hi[g][k - kVec] += prod;
+            }
+        f32x16 s[kGroup];
+        for (int g = 0; g < kGroup; ++g) s[g] = lo[g] + hi[g];  // lane k += lane k + 16
+        const f32x16 sums = reduce_four(s);
+        for (int g = 0; g < kGroup && h0 + g < n_heads; ++g) out[h0 + g] = sums[g];
+    }
+}
+
+MS_VECTOR_CLONES double sum_of_squares(const float* x, int64_t n) {
+    double lane[kSumLanes] = {};
+    int64_t i = 0;
+    for (; i + kSumLanes <= n; i += kSumLanes)
+        for (int k = 0; k < kSumLanes; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
+    for (; i < n; ++i) lane[i % kSumLanes] += double(x[i]) * double(x[i]);
+    return reduce_lanes(lane);
+}
+
+MS_VECTOR_CLONES double sum_of_triple_products(const float* a, const float* b, const float* c, int64_t n) {
+    double lane[kSumLanes] = {};
+    int64_t i = 0;
+    for (; i + kSumLanes <= n; i += kSumLanes)
+        for (int k = 0; k < kSumLanes; ++k) lane[k] += double(a[i + k] * b[i + k] * c[i + k]);
+    for (; i < n; ++i) lane[i % kSumLanes] += double(a[i] * b[i] * c[i]);
+    return reduce_lanes(lane);
+}
+
+float inv_rms(const float* x, int64_t n, float eps) {
+    MS_ASSERT(n >= 0);
+    return 1.0f / std::sqrt(float(sum_of_squares(x, n) / double(n)) + eps);
+}
+
+MS_VECTOR_CLONES void scale_row(const float* x, float s, const float* w, float* y, int64_t n, bool round) {
+    // Separate loops per case so each is a plain vector loop.
+    if (w && round)
+        for (int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(x[i] * s * w[i]);
+    else if (w)
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s * w[i];
+    else if (round)
+        for (int64_t i = 0; i < n; ++i) y[i] = round_to_bf16(x[i] * s);
+    else
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s;
+}
+
+MS_VECTOR_CLONES void exp_floats(const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = exp_float(x[i]);
+}
+
+MS_VECTOR_CLONES void swiglu_row(float* g, const float* u, int64_t n, float limit, float w) {
+    // In blocks: the exponentials first, then the rest, each a plain vector loop.
+    constexpr int64_t kBlock = 256;
+    float e[kBlock];
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t m = std::min(kBlock, n - b);
+        float* gb = g + b;
+        const float* ub = u + b;
+        for (int64_t i = 0; i < m; ++i) e[i] = exp_float(-std::min(gb[i], limit));
+        for (int64_t i = 0; i < m; ++i) {
+            const float gv = std::min(gb[i], limit);
+            const float uv = std::clamp(ub[i], -limit, limit);
+            gb[i] = round_to_bf16(w * (gv / (1.0f + e[i]) * uv));
+        }
+    }
+}
+
+MS_VECTOR_CLONES void collapse_row(const float* H, int hc, int64_t dim, const float* p, float* out) {
+    int64_t d = 0;
+    for (; d + kVec <= dim; d += kVec) {
+        f32x16 acc = {};
+        for (int k = 0; k < hc; ++k) acc += p[k] * load16(H + k * dim + d);
+        store16(out + d, round16_to_bf16(acc));
+    }
+    for (; d < dim; ++d) {
+        float acc = 0.0f;
+        for (int k = 0; k < hc; ++k) acc += p[k] * H[k * dim + d];
+        out[d] = round_to_bf16(acc);
+    }
+}
+
+// The full blocks of expand_row for hc streams (a compile-time constant for the common hc = 4,
+// so the stream loops unroll; 0 means "use hc").
+template <int kHc>
+[[gnu::always_inline]] inline int64_t expand_blocks(const float* f, const float* H, int hc, int64_t dim,
+                                                    const float* post, const float* C, float* out) {
+    if constexpr (kHc > 0) hc = kHc;
+    int64_t d = 0;
+    for (; d + kVec <= dim; d += kVec) {
+        f32x16 h[kMaxHc], o[kMaxHc];
+        for (int i = 0; i < hc; ++i) h[i] = load16(H + i * dim + d);
+        const f32x16 fv = load16(f + d);
+        for (int j = 0; j < hc; ++j) {
+            f32x16 t = {};
+            for (int i = 0; i < hc; ++i) t += C[i * hc + j] * h[i];
+            o[j] = round16_to_bf16(post[j] * fv + t);
+        }
+        // Every stream's block is loaded before any output block is stored, so out may be H.
+        for (int j = 0; j < hc; ++j) store16(out + j * dim + d, o[j]);
+    }
+    return d;
+}
+
+MS_VECTOR_CLONES void expand_row(const float* f, const float* H, int hc, int64_t dim, const float* post,
+                                 const float* C, float* out) {
+    MS_ASSERT(hc >= 1 && hc <= kMaxHc);
+    int64_t d = hc == 4 ? expand_blocks<4>(f, H, hc, dim, post, C, out)
+                        : expand_blocks<0>(f, H, hc, dim, post, C, out);
+    for (; d < dim; ++d) {
+        float h[kMaxHc], o[kMaxHc];
+        for (int i = 0; i < hc; ++i) h[i] = H[i * dim + d];
+        for (int j = 0; j < hc; ++j) {
+            float t = 0.0f;
+            for (int i = 0; i < hc; ++i) t += C[i * hc + j] * h[i];
+            o[j] = round_to_bf16(post[j] * f[d] + t);
+        }
+        for (int j = 0; j < hc; ++j) out[j * dim + d] = o[j];
+    }
+}
+
+MS_VECTOR_CLONES void rotate_pairs(float* t, const float* c, const float* s, int64_t pairs) {
+    for (int64_t i = 0; i < pairs; ++i) {
+        const float a = t[2 * i], b = t[2 * i + 1];
+        t[2 * i] = round_to_bf16(a * c[i] - b * s[i]);
+        t[2 * i + 1] = round_to_bf16(a * s[i] + b * c[i]);
+    }
+}
+
+MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, const float* p, const float* inv,
+                                   int n_heads, int64_t head_dim, int64_t d0, int64_t width, float* out) {
+    MS_ASSERT(n_heads >= 1 && width >= 1 && width <= kAttentionSlice && d0 + width <= head_dim);
+    static_assert(kAttentionSlice == kVec);
+    // Four heads at a time (four independent accumulator chains per key slice loaded); a short
+    // group repeats its last head and drops the copies.
+    constexpr int kGroup = 4;
+    for (int h0 = 0; h0 < n_heads; h0 += kGroup) {
+        const float* ph[kGroup];
+        for (int g = 0; g < kGroup; ++g) ph[g] = p + std::min(h0 + g, n_heads - 1) * n_keys;
+        const int in_group = std::min(kGroup, n_heads - h0);
+        if (width == kVec) {
+            f32x16 acc[kGroup] = {};
+            for (int64_t i = 0; i < n_keys; ++i) {
+                const f32x16 k = load16(keys[i] + d0);
+                for (int g = 0; g < kGroup; ++g) acc[g] += ph[g][i] * k;
+            }
+            for (int g = 0; g < in_group; ++g)
+                store16(out + (h0 + g) * head_dim + d0, round16_to_bf16(acc[g] * inv[h0 + g]));
+        } else {
+            float acc[kGroup][kVec] = {};
+            for (int64_t i = 0; i < n_keys; ++i)
+                for (int g = 0; g < kGroup; ++g)
+                    for (int64_t d = 0; d < width; ++d) acc[g][d] += ph[g][i] * keys[i][d0 + d];
+            for (int g = 0; g < in_group; ++g)
+                for (int64_t d = 0; d < width; ++d)
+                    out[(h0 + g) * head_dim + d0 + d] = round_to_bf16(acc[g][d] * inv[h0 + g]);
+        }
+    }
+}
+
+}  // namespace moestream::elementwise
