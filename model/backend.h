@@ -47,10 +47,6 @@ class backend {
     // y[r] = W x[r] for r < n (x rows of w.cols floats, y rows of w.rows floats; strides in floats).
     virtual void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y,
                         int64_t y_stride, bool round_bf16) = 0;
-    // A hint that these weights will be read soon (decode's next layer): the backend may start
-    // moving them closer while it does other work. Never changes a result; a new call replaces
-    // the previous hint.
-    virtual void prefetch(std::span<const weight_view> weights) = 0;
     // Independent matmuls run as one parallel step (decode's many small ones: the experts of a
     // layer, q_a with kv, the output groups), each value as matmul() would compute it.
     virtual void matmul_batch(std::span<const matmul_job> jobs) = 0;

@@ -30,8 +30,6 @@ class cpu_backend final : public backend {
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
                 bool round_bf16) override;
     void matmul_batch(std::span<const matmul_job> jobs) override;
-    // Idle pool workers prefetch the weights into their caches (cpu_prefetch.cpp).
-    void prefetch(std::span<const weight_view> weights) override;
     void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                   bool round_bf16) override;
     void round_bf16(float* x, int64_t count) override;
@@ -59,7 +57,6 @@ class cpu_backend final : public backend {
     };
     thread_pool pool_;
     std::vector<tile> tiles_;  // matmul_batch's work list, reused
-    std::vector<memory_range> prefetch_ranges_;  // prefetch's list, reused
     enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
                  k_swiglu, k_indexer, k_engram, k_quant, k_op_count };
     struct timer;

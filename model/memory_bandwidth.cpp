@@ -39,30 +39,29 @@ uint64_t sum_portable(const uint64_t* p, size_t n) {
     return s;
 }
 
-struct line_deleter {
-    void operator()(uint64_t* p) const { ::operator delete[](p, std::align_val_t(kLine)); }
-};
-
 }  // namespace
 
-double measure_read_bandwidth(thread_pool& pool, size_t bytes, int repeats) {
-    MS_ASSERT(repeats >= 1);
-    const size_t lines = std::max<size_t>(bytes / kLine, 1);
-    const size_t words = lines * kWordsPerLine;
-    std::unique_ptr<uint64_t[], line_deleter> buf(
-        static_cast<uint64_t*>(::operator new[](words * sizeof(uint64_t), std::align_val_t(kLine))));
-    uint64_t* const p = buf.get();
+read_bandwidth_probe::read_bandwidth_probe(thread_pool& pool, size_t bytes)
+    : pool_(pool), lines_(std::max<size_t>(bytes / kLine, 1)) {
+    words_ = static_cast<uint64_t*>(::operator new[](lines_ * kLine, std::align_val_t(kLine)));
+    uint64_t* const p = words_;
     // Touched by the threads that will read it (first touch places pages near them on NUMA).
-    pool.parallel_for(int64_t(lines), [p](int64_t b, int64_t e) {
+    pool_.parallel_for(int64_t(lines_), [p](int64_t b, int64_t e) {
         for (size_t i = size_t(b) * kWordsPerLine; i < size_t(e) * kWordsPerLine; ++i) p[i] = i;
     });
+}
 
+read_bandwidth_probe::~read_bandwidth_probe() { ::operator delete[](words_, std::align_val_t(kLine)); }
+
+double read_bandwidth_probe::measure(int repeats) {
+    MS_ASSERT(repeats >= 1);
     const bool avx2 = __builtin_cpu_supports("avx2");
+    const uint64_t* const p = words_;
     std::atomic<uint64_t> sink{0};
     double best = 1e30;
     for (int rep = 0; rep < repeats; ++rep) {
         const auto t0 = std::chrono::steady_clock::now();
-        pool.parallel_for(int64_t(lines), [&](int64_t b, int64_t e) {
+        pool_.parallel_for(int64_t(lines_), [&](int64_t b, int64_t e) {
             const uint64_t* q = p + size_t(b) * kWordsPerLine;
             const size_t n = size_t(e - b) * kWordsPerLine;
             sink.fetch_add(avx2 ? sum_avx2(q, n) : sum_portable(q, n), std::memory_order_relaxed);
@@ -70,9 +69,13 @@ double measure_read_bandwidth(thread_pool& pool, size_t bytes, int repeats) {
         best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
     // The sum of 0..words-1, repeats times: checking it keeps the reads observable.
-    const uint64_t w = words;
+    const uint64_t w = lines_ * kWordsPerLine;
     MS_ASSERT(sink.load() == uint64_t(repeats) * (w % 2 == 0 ? w / 2 * (w - 1) : (w - 1) / 2 * w));
-    return double(lines * kLine) / std::max(best, 1e-9);
+    return double(lines_ * kLine) / std::max(best, 1e-9);
+}
+
+double measure_read_bandwidth(thread_pool& pool, size_t bytes, int repeats) {
+    return read_bandwidth_probe(pool, bytes).measure(repeats);
 }
 
 }  // namespace moestream

@@ -13,14 +13,6 @@
 // Sleeping uses C++20 atomic wait/notify (a futex on Linux); the sleeper flags make the common
 // case (everybody spinning) free of system calls. Both sleep hand-shakes are Dekker-style (store
 // my flag, then load the other's), hence seq_cst on those accesses.
-//
-// Prefetch sets use the same idea: `pf_claim` = (generation, next piece, piece count), claimed
-// by CAS, and the dispatcher closes the old set (new generation, no pieces) before it rewrites
-// the ranges. A worker that claimed a piece just before may read a range being rewritten; the
-// fields are atomics (no torn reads, no data race) and a prefetch of a wrong address does
-// nothing, so that race is harmless by construction. Waking sleepers for a set bumps `epoch`
-// without publishing a call: the woken worker finds no chunk slot of that epoch and claims
-// nothing.
 #include "model/thread_pool.h"
 
 #include <algorithm>
@@ -68,17 +60,6 @@ constexpr uint64_t call_word(uint64_t call, int64_t chunks) { return call << 16 
 // Chunk k of c over [0, n): [k*n/c, (k+1)*n/c). n is bounded in run() so k*n cannot overflow.
 inline int64_t chunk_begin(int64_t k, int64_t n, int64_t c) { return k * n / c; }
 
-// prefetch claim word: generation (24 bits) | next piece (20) | piece count (20).
-constexpr uint64_t kPieceMask = (uint64_t(1) << 20) - 1;
-constexpr uint64_t pack_prefetch(uint64_t gen, uint64_t next, uint64_t count) {
-    return (gen & 0xffffff) << 40 | next << 20 | count;
-}
-constexpr uint64_t prefetch_gen(uint64_t c) { return c >> 40; }
-constexpr uint64_t prefetch_next(uint64_t c) { return (c >> 20) & kPieceMask; }
-constexpr uint64_t prefetch_count(uint64_t c) { return c & kPieceMask; }
-
-constexpr size_t kLine = 64;
-
 }  // namespace
 
 struct thread_pool::state {
@@ -105,46 +86,6 @@ struct thread_pool::state {
     std::atomic<uint32_t> sleepers{0};
     std::atomic<bool> stop{false};
     alignas(64) std::atomic<bool> busy{false};  // a call is running (nested calls go inline)
-
-    // The prefetch set (see the protocol above).
-    struct prefetch_range {
-        std::atomic<uintptr_t> begin{0};
-        std::atomic<uint64_t> bytes{0};
-        std::atomic<uint64_t> first_piece{0};
-    };
-    prefetch_range pf_ranges[kMaxPrefetchRanges];
-    std::atomic<uint32_t> pf_range_count{0};
-    alignas(64) std::atomic<uint64_t> pf_claim{0};
-    alignas(64) std::atomic<uint64_t> pf_done{0};
-
-    bool prefetch_pending() const {
-        const uint64_t c = pf_claim.load(std::memory_order_relaxed);
-        return prefetch_next(c) < prefetch_count(c);
-    }
-
-    // Claims one piece of the current set and prefetches it; false when none is left.
-    bool prefetch_piece() {
-        uint64_t c = pf_claim.load(std::memory_order_acquire);
-        const uint64_t piece = prefetch_next(c);
-        if (piece >= prefetch_count(c)) return false;
-        if (!pf_claim.compare_exchange_weak(c, c + (uint64_t(1) << 20), std::memory_order_acq_rel,
-                                            std::memory_order_relaxed))
-            return true;  // another worker took it (or the set changed): look again
-        const uint32_t n = std::min<uint32_t>(pf_range_count.load(std::memory_order_acquire), kMaxPrefetchRanges);
-        uint32_t k = 0;
-        while (k + 1 < n && pf_ranges[k + 1].first_piece.load(std::memory_order_relaxed) <= piece) ++k;
-        const prefetch_range& r = pf_ranges[k];
-        const uint64_t first = r.first_piece.load(std::memory_order_relaxed);
-        const uint64_t offset = (piece - std::min(piece, first)) * kPrefetchPiece;
-        const uint64_t bytes = r.bytes.load(std::memory_order_relaxed);
-        const uint64_t len = offset < bytes ? std::min<uint64_t>(kPrefetchPiece, bytes - offset) : 0;
-        const uintptr_t at = r.begin.load(std::memory_order_relaxed) + offset;
-        // Into L2 (locality 2 = prefetcht1): a layer's weights fit in the cores' L2s together,
-        // and a prefetch never faults, whatever the address.
-        for (uint64_t i = 0; i < len; i += kLine) __builtin_prefetch(reinterpret_cast<const void*>(at + i), 0, 2);
-        pf_done.fetch_add(1, std::memory_order_relaxed);
-        return true;
-    }
 
     // Claims chunk k of call `c` if it is still free, and runs it.
     void try_chunk(uint64_t c, int64_t count, int64_t k) {
@@ -181,18 +122,10 @@ struct thread_pool::state {
         uint32_t seen = 0;
         for (;;) {
             uint32_t e = seen;
-            // Spin until a call comes, prefetching while a set has pieces left (a call is
-            // checked between pieces); sleep after kSpin with neither.
-            bool woke = false;
-            for (;;) {
-                woke = spin_until([&] {
-                    e = epoch.load(std::memory_order_acquire);
-                    return e != seen || prefetch_pending();
-                });
-                if (!woke || e != seen) break;
-                while (epoch.load(std::memory_order_acquire) == seen && prefetch_piece()) {
-                }
-            }
+            const bool woke = spin_until([&] {
+                e = epoch.load(std::memory_order_acquire);
+                return e != seen;
+            });
             if (!woke) {
                 sleepers.fetch_add(1, std::memory_order_seq_cst);
                 while ((e = epoch.load(std::memory_order_seq_cst)) == seen) epoch.wait(seen, std::memory_order_seq_cst);
@@ -220,33 +153,6 @@ thread_pool::~thread_pool() {
     s_->epoch.notify_all();
     for (auto& t : s_->workers) t.join();
 }
-
-void thread_pool::prefetch(std::span<const memory_range> ranges) {
-    if (threads_ == 1) return;
-    state& s = *s_;
-    MS_ASSERT_MSG(!s.busy.load(std::memory_order_relaxed), "thread_pool::prefetch called from inside a call");
-    const uint64_t gen = prefetch_gen(s.pf_claim.load(std::memory_order_relaxed)) + 1;
-    s.pf_claim.store(pack_prefetch(gen, 0, 0), std::memory_order_seq_cst);  // closes the old set
-    uint64_t pieces = 0;
-    uint32_t n = 0;
-    for (const memory_range& r : ranges) {
-        if (n == kMaxPrefetchRanges) break;
-        if (r.data == nullptr || r.bytes == 0) continue;
-        auto& slot = s.pf_ranges[n++];
-        slot.begin.store(reinterpret_cast<uintptr_t>(r.data), std::memory_order_relaxed);
-        slot.bytes.store(r.bytes, std::memory_order_relaxed);
-        slot.first_piece.store(pieces, std::memory_order_relaxed);
-        pieces += (r.bytes + kPrefetchPiece - 1) / kPrefetchPiece;
-    }
-    s.pf_range_count.store(n, std::memory_order_release);
-    s.pf_claim.store(pack_prefetch(gen, 0, std::min(pieces, kPieceMask)), std::memory_order_seq_cst);
-    if (pieces > 0 && s.sleepers.load(std::memory_order_seq_cst) > 0) {
-        s.epoch.fetch_add(1, std::memory_order_seq_cst);
-        s.epoch.notify_all();
-    }
-}
-
-uint64_t thread_pool::prefetched_pieces() const { return s_->pf_done.load(std::memory_order_relaxed); }
 
 int64_t thread_pool::chunk_count(int64_t n, int64_t grain) const {
     if (n <= 0) return 0;

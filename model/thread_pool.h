@@ -12,26 +12,14 @@
 // A call made while the pool is already running one (from inside a task, or from another thread)
 // runs its chunks inline on the calling thread, in order: nesting never deadlocks.
 // Workers spin briefly after each call (decode issues calls back to back), then sleep on a futex.
-//
-// Between calls the workers can also warm caches: prefetch(ranges) hands them memory the next
-// calls will read (decode's next layer of weights), so the memory system keeps streaming while
-// the dispatching thread does serial work, and the calls then find their data in cache.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <type_traits>
 #include <utility>
 
 namespace moestream {
-
-// Memory a later call will read.
-struct memory_range {
-    const void* data = nullptr;
-    size_t bytes = 0;
-};
 
 class thread_pool {
 public:
@@ -57,18 +45,6 @@ public:
     void parallel_for(int64_t n, F&& fn) {
         parallel_for(n, 1, std::forward<F>(fn));
     }
-
-    // Idle workers issue cache prefetches over these ranges, kPrefetchPiece bytes at a time,
-    // checking for a call between pieces (a call always goes first). A new set replaces what is
-    // left of the previous one; sleeping workers are woken for it. Only a hint: results never
-    // change, and prefetch instructions cannot fault, so memory freed meanwhile is harmless.
-    // At most kMaxPrefetchRanges ranges (the rest is ignored). Call from the dispatching thread
-    // (the one that calls parallel_for), not from inside a task. A pool of one thread does nothing.
-    static constexpr size_t kPrefetchPiece = 4096;
-    static constexpr size_t kMaxPrefetchRanges = 64;
-    void prefetch(std::span<const memory_range> ranges);
-    // Pieces prefetched so far (tests and benchmarks).
-    uint64_t prefetched_pieces() const;
 
 private:
     using task_fn = void (*)(const void* ctx, int64_t begin, int64_t end);

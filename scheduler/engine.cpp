@@ -142,10 +142,15 @@ void engine::finish(active& a, std::string reason, bool keep_state) {
     e.done = true;
     e.finish_reason = std::move(reason);
     stamp(a, e);
-    a.gen->events().try_send(boost::system::error_code{}, std::move(e));
     // The state is consistent whatever ended the sequence (see engine_prefix.h), so it may serve
-    // a later prompt; a failed one is not kept (what failed may fail again).
+    // a later prompt; a failed one is not kept (what failed may fail again). Kept and counted
+    // before the final event goes out, so whoever sees the end sees the pool that follows it.
     if (a.seq) states_->give_back(std::move(a.seq), keep_state);
+    {
+        std::lock_guard lock(stats_mu_);
+        stats_.cached_sequences = states_->kept();
+    }
+    a.gen->events().try_send(boost::system::error_code{}, std::move(e));
 }
 
 void engine::admit() {

@@ -82,10 +82,6 @@ model::model(const hparams& hp, const model_weights& w, const draft_weights* dra
     freqs_plain_ = rope_table(hp, hp.rope_theta, false);
     freqs_yarn_ = rope_table(hp, hp.compress_rope_theta, true);
     MS_ASSERT(int(w.layers.size()) == hp.n_layers);
-    for (const layer_weights& lw : w.layers)
-        layer_dense_.push_back({lw.engram_wkv, lw.q_a, lw.kv, lw.hc_attn_fn, lw.index_proj, lw.q_b, lw.index_q_b,
-                                lw.compressor_kv, lw.compressor_gate, lw.index_k, lw.out_a, lw.out_b, lw.gate_inp,
-                                lw.gate_shexp, lw.up_shexp, lw.hc_ffn_fn, lw.down_shexp});
 }
 
 model::~model() = default;
@@ -201,9 +197,6 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         const layer_weights& lw = w_.layers[size_t(L)];
         const int ratio = hp.compress_ratios[size_t(L)];
         const float* freqs = ratio > 0 ? freqs_yarn_.data() : freqs_plain_.data();
-        // The next layer's weights stream in while this one runs (idle CPU workers warm their
-        // caches with them); nothing depends on it but speed.
-        if (opts_.prefetch_weights && L + 1 < hp.n_layers) be_.prefetch(layer_dense_[size_t(L + 1)]);
 
         // ---- engram (§3.2) ----
         if (hp.is_engram_layer(L)) {

@@ -211,9 +211,6 @@ struct model_options {
     // Look-ahead: layer L+1's router applied to layer L's FFN input predicts L+1's experts, sent
     // to the expert source as a hint while layer L computes. Changes I/O only, never results.
     bool lookahead = false;
-    // Hint each next layer's dense weights to the backend (backend::prefetch) so they stream in
-    // while the current layer runs. Speed only, never results.
-    bool prefetch_weights = true;
 };
 
 struct draft_output {
@@ -255,9 +252,6 @@ class model {
     backend& be_;
     model_options opts_;
     std::vector<float> freqs_plain_, freqs_yarn_;
-    // Per layer, its dense weights in the order a forward reads them (the prefetch hint for the
-    // next layer; experts are not known before the router runs).
-    std::vector<std::vector<weight_view>> layer_dense_;
 };
 
 // Engram hash rows (§3.2) of position `pos` given the token history up to and including pos:

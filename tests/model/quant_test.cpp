@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/quant_internal.h"
 #include "tests/common/test_support.h"
 
@@ -453,6 +454,55 @@ BOOST_AUTO_TEST_CASE(four_row_kernels_equal_one_row_bitwise) {
             }
         }
     }
+}
+
+// The AVX-512 four-row kernels against their one-row kernels directly, whichever set the
+// dispatcher picked on this CPU (it keeps single rows on AMD), and the bf16 x bf16 kernels
+// against the fp32 BF16 kernel's value within the summation-order bound.
+BOOST_AUTO_TEST_CASE(avx512_four_row_kernels_equal_one_row_on_any_vendor) {
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl")) {
+        BOOST_TEST_MESSAGE("no AVX-512 F/BW/VL on this CPU: skipped");
+        return;
+    }
+    struct pair {
+        ggml_type t;
+        detail::dot_fn one;
+        detail::dot4_fn four;
+    };
+    const pair pairs[] = {{ggml_type::f32, detail::dot_f32_avx512, detail::dot4_f32_avx512},
+                          {ggml_type::bf16, detail::dot_bf16_avx512, detail::dot4_bf16_avx512},
+                          {ggml_type::q8_0, detail::dot_q8_0_avx512, detail::dot4_q8_0_avx512},
+                          {ggml_type::mxfp4, detail::dot_mxfp4_avx512, detail::dot4_mxfp4_avx512}};
+    const bool bf16x = __builtin_cpu_supports("avx512bf16");
+    for (int64_t n : kKernelLengths)
+        for (const pair& p : pairs) {
+            if (n % dtype_info(p.t).block_elems != 0) continue;
+            const int64_t rows = 4;
+            const auto src = random_floats(size_t(rows * n), uint32_t(7 * n), 2.0f);
+            auto x = random_floats(size_t(n), uint32_t(7 * n + 1));
+            for (auto& v : x) v = round_to_bf16(v);  // bf16-exact, so the bf16 x bf16 kernels apply too
+            const auto q = quantized(p.t, src, rows, n);
+            const int64_t rb = row_bytes(dtype_info(p.t), n);
+            float four[4];
+            p.four(q.data(), rb, x.data(), n, four);
+            std::vector<uint16_t> xb(static_cast<size_t>(n));
+            BOOST_REQUIRE(detail::pack_bf16_exact(x.data(), n, xb.data()));
+            float four_x[4];
+            if (bf16x && p.t == ggml_type::bf16) detail::dot4_bf16x_avx512(q.data(), rb, xb.data(), n, four_x);
+            for (int64_t r = 0; r < rows; ++r) {
+                const float one = p.one(q.data() + r * rb, x.data(), n);
+                BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(four[r]) == std::bit_cast<uint32_t>(one),
+                                   dtype_name(p.t) << " n=" << n << " row " << r);
+                if (!(bf16x && p.t == ggml_type::bf16)) continue;
+                const float one_x = detail::dot_bf16x_avx512(q.data() + r * rb, xb.data(), n);
+                BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(four_x[r]) == std::bit_cast<uint32_t>(one_x), "bf16x n=" << n);
+                double mag = 0;
+                std::vector<float> w(static_cast<size_t>(n));
+                dequantize_row(p.t, q.data() + r * rb, w.data(), n);
+                for (int64_t i = 0; i < n; ++i) mag += std::fabs(double(w[size_t(i)]) * x[size_t(i)]);
+                BOOST_TEST_REQUIRE(std::fabs(double(one_x) - double(one)) <= 1e-5 * mag + 1e-30, "bf16x n=" << n);
+            }
+        }
 }
 
 BOOST_AUTO_TEST_CASE(dequantize_f16_paths_agree) {

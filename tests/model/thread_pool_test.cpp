@@ -159,47 +159,4 @@ BOOST_AUTO_TEST_CASE(accepts_std_function_and_destroys_cleanly) {
     }
 }
 
-// Idle workers prefetch every piece of a set exactly once, also after they fell asleep, while
-// calls keep running correctly; a new set replaces the rest of the old one; a pool of one thread
-// ignores sets. Nothing here can fault even for memory freed after the hint (prefetches never do).
-BOOST_AUTO_TEST_CASE(prefetch_sets_are_worked_off_by_idle_workers) {
-    constexpr size_t piece = thread_pool::kPrefetchPiece;
-    std::vector<char> a(10 * piece + 1), b(3 * piece), c(piece / 2);
-    const auto wait_for = [](thread_pool& pool, uint64_t target) {
-        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (pool.prefetched_pieces() < target && std::chrono::steady_clock::now() < deadline)
-            std::this_thread::sleep_for(std::chrono::microseconds(50));
-        return pool.prefetched_pieces();
-    };
-    for (int threads : {2, 3, 8}) {
-        thread_pool pool(threads);
-        const memory_range set1[] = {{a.data(), a.size()}, {nullptr, 100}, {b.data(), 0}, {c.data(), c.size()}};
-        pool.prefetch(set1);  // 11 + 1 pieces (the null and empty ranges are skipped)
-        // A call in between still covers every index once.
-        check_cover(pool, 1000, 1);
-        BOOST_TEST(wait_for(pool, 12) == 12u);
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // workers are asleep by now
-        BOOST_TEST(pool.prefetched_pieces() == 12u);
-        const memory_range set2[] = {{b.data(), b.size()}};
-        pool.prefetch(set2);  // wakes them
-        BOOST_TEST(wait_for(pool, 15) == 15u);
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-        BOOST_TEST(pool.prefetched_pieces() == 15u);
-        // Replacing a set at once leaves at most the pieces taken before the replacement.
-        std::vector<memory_range> many(thread_pool::kMaxPrefetchRanges + 5, memory_range{a.data(), a.size()});
-        pool.prefetch(many);
-        pool.prefetch(set2);
-        const uint64_t done = wait_for(pool, 15 + 3);
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        BOOST_TEST(pool.prefetched_pieces() >= done);
-        BOOST_TEST(pool.prefetched_pieces() <= 15 + 3 + thread_pool::kMaxPrefetchRanges * 11);
-        check_cover(pool, 777, 3);
-    }
-    thread_pool single(1);
-    const memory_range one[] = {{a.data(), a.size()}};
-    single.prefetch(one);
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    BOOST_TEST(single.prefetched_pieces() == 0u);
-}
-
 BOOST_AUTO_TEST_SUITE_END()
