@@ -167,6 +167,15 @@ if [[ -f $TOKJSON ]]; then
   expect_fail 2 "--prompt is empty" "$BIN" generate --model "$X" --prompt ""
   expect_fail 2 "exactly one of --prompt or --prompt-tokens" "$BIN" generate --model "$X"
   expect_fail 2 "unknown option --bogus" "$BIN" generate --model "$X" --prompt hi --bogus
+  # bench cpu on the forged model: every report line is there (figures are the machine's).
+  "$BIN" bench cpu --model "$X" --prompt-tokens 4 --decode-tokens 2 --rounds 2 --threads 2 --no-warm --profile \
+    >"$WORK/bench.txt" 2>&1 || fail "bench cpu: $(cat "$WORK/bench.txt")"
+  for line in '^round 1: decode [0-9.]+ ms/token = [0-9.]+ GB/s; read bandwidth [0-9.]+ / [0-9.]+ GB/s' '^round 2: ' \
+    '^prefill: 4 tokens in ' '^decode: 4 tokens in ' '^decode bytes/token: ' \
+    '^decode bandwidth / read bandwidth around it: median [0-9]+% over 2 rounds' '^  attention +[0-9.]+ ms'; do
+    grep -Eq "$line" "$WORK/bench.txt" || fail "bench cpu output lacks /$line/: $(cat "$WORK/bench.txt")"
+  done
+  expect_fail 2 "--rounds must be >= 1" "$BIN" bench cpu --model "$X" --rounds 0
 else
   echo "SKIP (part): $TOKJSON is absent (run scripts/setup.sh); generate checks skipped"
 fi
