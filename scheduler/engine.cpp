@@ -1,5 +1,7 @@
 #include "scheduler/engine.h"
 
+#include "scheduler/event_outbox.h"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -63,6 +65,7 @@ engine::engine(dsv41::model& model, engine_options opts)
     po.context = opts_.context_tokens;
     po.rollback = opts_.rollback;
     states_ = std::make_unique<prefix_pool>(model_.hp(), model_.has_draft(), po);
+    outbox_ = std::make_unique<event_outbox>();
     wake_.expires_at(asio::steady_timer::time_point::max());
     asio::co_spawn(strand_, step_loop(), [](std::exception_ptr e) {
         if (!e) return;
@@ -150,7 +153,7 @@ void engine::finish(active& a, std::string reason, bool keep_state) {
         std::lock_guard lock(stats_mu_);
         stats_.cached_sequences = states_->kept();
     }
-    a.gen->events().try_send(boost::system::error_code{}, std::move(e));
+    outbox_->send(a.gen, std::move(e));
 }
 
 void engine::admit() {
@@ -196,8 +199,11 @@ asio::awaitable<void> engine::step_loop() {
             stats_.waiting = int64_t(waiting_.size());
             stats_.cached_sequences = states_->kept();
         }
+        outbox_->flush();
         if (running_.empty()) {
-            wake_.expires_at(asio::steady_timer::time_point::max());
+            // Refused events are sent again as soon as their receiver can take them (event_outbox.h).
+            if (outbox_->empty()) wake_.expires_at(asio::steady_timer::time_point::max());
+            else wake_.expires_after(std::chrono::milliseconds(1));
             boost::system::error_code ec;
             co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
@@ -301,7 +307,7 @@ asio::awaitable<void> engine::step_loop() {
                     e.logprob = a.scratch.logprob;
                     if (a.req.sampling.n_probs > 0) e.top = a.scratch.top;
                     stamp(a, e);
-                    a.gen->events().try_send(boost::system::error_code{}, std::move(e));
+                    outbox_->send(a.gen, std::move(e));
                     {
                         std::lock_guard lock(stats_mu_);
                         ++stats_.generated_tokens;
@@ -334,6 +340,15 @@ asio::awaitable<void> engine::step_loop() {
     for (auto& a : waiting_) finish(*a, "cancelled", false);
     running_.clear();
     waiting_.clear();
+    // Final events a channel refused go out once their receivers can take them (for at most a
+    // second: a receiver that never comes back has dropped its generation anyway).
+    for (int tries = 0; tries < 1000; ++tries) {
+        outbox_->flush();
+        if (outbox_->empty()) break;
+        wake_.expires_after(std::chrono::milliseconds(1));
+        boost::system::error_code ec;
+        co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
 }
 
 }  // namespace moestream

@@ -129,6 +129,8 @@ struct engine_stats {
     step_split last_step;      // the latest step's
 };
 
+class event_outbox;
+
 class engine {
   public:
     // The model (and what it streams from) must outlive the engine.
@@ -159,6 +161,7 @@ class engine {
     boost::asio::steady_timer wake_;       // the step loop sleeps on it while nothing is queued
     std::vector<std::unique_ptr<active>> waiting_, running_;  // strand-owned
     std::unique_ptr<prefix_pool> states_;                      // strand-owned
+    std::unique_ptr<event_outbox> outbox_;                     // strand-owned: events try_send refused
     std::atomic<bool> stopping_{false};
     mutable std::mutex stats_mu_;
     engine_stats stats_;
