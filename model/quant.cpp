@@ -221,15 +221,15 @@ using detail::dot_fn;
 using detail::row_kernel;
 using row_fn = void (*)(const void*, float*, int64_t);
 
-// Four rows one at a time: for the kernels without a multi-row version.
-template <dot_fn One>
-void four_by_one(const void* rows, int64_t stride, const float* x, int64_t n, float* out) {
+// Four rows one at a time: for the kernels without a multi-row version (x: float, or bf16 bits).
+template <class X, float (*One)(const void*, const X*, int64_t)>
+void four_by_one(const void* rows, int64_t stride, const X* x, int64_t n, float* out) {
     for (int r = 0; r < 4; ++r) out[r] = One(static_cast<const uint8_t*>(rows) + r * stride, x, n);
 }
 
 template <dot_fn One>
 constexpr row_kernel single() {
-    return {One, four_by_one<One>};
+    return {One, four_by_one<float, One>};
 }
 
 struct kernel_set {
@@ -455,29 +455,6 @@ float dot_row(ggml_type type, const void* row, const float* x, int64_t n) {
     return detail::pick_row_kernel(type).one(row, x, n);
 }
 
-// Four rows a pass (x stays in L1/L2 while the weights stream from memory), the last up to three
-// one by one; the multi-row kernel gives each row dot_row's bits.
-void gemv(ggml_type type, const void* w, int64_t rows, int64_t cols, const float* x, float* y) {
-    check_row(type, cols);
-    MS_ASSERT(rows >= 0);
-    const row_kernel k = detail::pick_row_kernel(type);
-    const int64_t stride = row_bytes(dtype_info(type), cols);
-    const uint8_t* p = static_cast<const uint8_t*>(w);
-    if (type == ggml_type::bf16)
-        if (const detail::bf16x_kernel kb = detail::pick_bf16x_kernel(); kb.one) {
-            std::vector<uint16_t> xb(static_cast<size_t>(cols));
-            if (detail::pack_bf16_exact(x, cols, xb.data())) {
-                int64_t r = 0;
-                for (; r + 4 <= rows; r += 4) kb.four(p + r * stride, stride, xb.data(), cols, y + r);
-                for (; r < rows; ++r) y[r] = kb.one(p + r * stride, xb.data(), cols);
-                return;
-            }
-        }
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) k.four(p + r * stride, stride, x, cols, y + r);
-    for (; r < rows; ++r) y[r] = k.one(p + r * stride, x, cols);
-}
-
 // ================================================================ checkpoint formats
 
 void dequantize_fp8_tiled(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t cols,
@@ -554,20 +531,12 @@ const char* kernel_isa() { return kernels().isa; }
 
 namespace detail {
 
-namespace {
-
-// Four rows one at a time (kAvx512SingleRow's choice for the bf16-x kernels too).
-void four_bf16x_one_by_one(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out) {
-    for (int r = 0; r < 4; ++r) out[r] = dot_bf16x_avx512(static_cast<const uint8_t*>(rows) + r * stride, xb, n);
-}
-
-}  // namespace
-
 bf16x_kernel pick_bf16x_kernel() {
     static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
     const kernel_set& k = kernels();
     if (!has || (&k != &kAvx512 && &k != &kAvx512SingleRow)) return {};
-    return {dot_bf16x_avx512, &k == &kAvx512 ? dot4_bf16x_avx512 : four_bf16x_one_by_one};
+    // kAvx512SingleRow takes these one row at a time too.
+    return {dot_bf16x_avx512, &k == &kAvx512 ? dot4_bf16x_avx512 : four_by_one<uint16_t, dot_bf16x_avx512>};
 }
 
 bool pack_bf16_exact(const float* x, int64_t n, uint16_t* out) {

@@ -36,8 +36,7 @@ void dequantize_row(ggml_type type, const void* src, float* dst, int64_t n);
 void quantize_row(ggml_type type, const float* src, void* dst, int64_t n);
 // dot(row of `type`, fp32 vector x) with fp32 accumulation.
 float dot_row(ggml_type type, const void* row, const float* x, int64_t n);
-// y[r] = dot(row r of w, x) for r in [0, rows); w holds `rows` rows of `cols` elements.
-void gemv(ggml_type type, const void* w, int64_t rows, int64_t cols, const float* x, float* y);
+// (A whole matrix against x: moestream::matmul in model/cpu_matmul.h, which gives dot_row's bits.)
 
 // ---- DeepSeek checkpoint formats ----
 // fp8 weight [rows, cols] with one e8m0 scale per 32x32 tile (scales [ceil(rows/32), ceil(cols/32)]).

@@ -61,7 +61,7 @@ struct row_kernel {
     dot4_fn four;
 };
 
-// The dispatcher's kernels for a compute-supported type (quant.cpp; what dot_row and gemv use).
+// The dispatcher's kernels for a compute-supported type (quant.cpp; what dot_row and matmul use).
 row_kernel pick_row_kernel(ggml_type type);
 
 // AVX2 kernels (quant_avx2.cpp). Only call when the CPU has avx2, fma and f16c.

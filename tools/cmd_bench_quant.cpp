@@ -1,7 +1,7 @@
 // `moestream bench quant`: gemv throughput per weight type, in GB/s of weight bytes, next to a
 // plain memory-read bandwidth measured in the same run with as many threads. Decode is one gemv
 // per weight matrix per token, so the fraction of read bandwidth is the number that matters.
-// One thread times quant::gemv; --threads N times the pooled moestream::matmul, as decode runs it;
+// One thread times the single-threaded moestream::matmul; --threads N the pooled one, as decode runs it;
 // --decode times many distinct matrices of the --rows x --cols shape, one matmul call each, as
 // decode streams its small weight matrices.
 #include <immintrin.h>
@@ -30,7 +30,7 @@ constexpr std::string_view kName = "bench quant";
 const cli::option_spec kOptions[] = {
     {"rows", "N", "matrix rows (default 16384; 1024 with --decode)"},
     {"cols", "N", "matrix columns, a multiple of 32 (default 8192; 1024 with --decode)"},
-    {"threads", "N", "threads: 1 (default) times quant::gemv, more the pooled matmul"},
+    {"threads", "N", "threads: 1 (default) times the single-threaded matmul, more the pooled one"},
     {"decode", "", "decode-like: distinct rows x cols matrices (512 MiB in all), one matmul call each"},
     {"type", "T", "one of F32, F16, BF16, Q8_0, MXFP4 (default: all of them)"},
     {"reps", "N", "timed repetitions, the best is reported (default 5)"},
@@ -119,13 +119,13 @@ gemv_result time_passes(size_t bytes, int reps, Pass&& pass) {
     return {bytes, best, double(bytes) / best / 1e9};
 }
 
-// One rows x cols matrix: quant::gemv on one thread, the pooled matmul on more.
+// One rows x cols matrix: the single-threaded matmul on one thread, the pooled one on more.
 gemv_result time_gemv(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps) {
     const auto w = make_matrix(type, rows, cols);
     std::vector<float> x(static_cast<size_t>(cols), 0.5f);
     std::vector<float> y(static_cast<size_t>(rows));
     if (pool.size() == 1)
-        return time_passes(w.size(), reps, [&] { quant::gemv(type, w.data(), rows, cols, x.data(), y.data()); });
+        return time_passes(w.size(), reps, [&] { matmul(type, w.data(), rows, cols, x.data(), 1, cols, y.data(), rows); });
     return time_passes(w.size(), reps, [&] {
         matmul(pool, type, w.data(), rows, cols, x.data(), 1, cols, y.data(), rows);
     });

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/bf16.h"
+#include "model/cpu_matmul.h"
 #include "model/quant_internal.h"
 #include "tests/common/test_support.h"
 
@@ -422,7 +423,7 @@ BOOST_AUTO_TEST_CASE(avx2_dots_match_scalar_when_avx512_is_picked) {
 }
 
 // The four-row kernels give each row the single-row kernel's bits (cpu_matmul's reproducibility
-// rests on it), on the SIMD path and on the scalar one; gemv, which uses them, equals dot_row.
+// rests on it), on the SIMD path and on the scalar one; matmul, which uses them, equals dot_row.
 BOOST_AUTO_TEST_CASE(four_row_kernels_equal_one_row_bitwise) {
     for (bool scalar : {false, true}) {
         scalar_guard g(scalar);
@@ -436,7 +437,7 @@ BOOST_AUTO_TEST_CASE(four_row_kernels_equal_one_row_bitwise) {
                 const int64_t rb = row_bytes(dtype_info(t), n);
                 const detail::row_kernel k = detail::pick_row_kernel(t);
                 std::vector<float> y(size_t(rows), NAN);
-                gemv(t, q.data(), rows, n, x.data(), y.data());
+                matmul(t, q.data(), rows, n, x.data(), 1, n, y.data(), rows);
                 for (int64_t first = 0; first + 4 <= rows; ++first) {  // every alignment of a pass
                     float four[4];
                     k.four(q.data() + first * rb, rb, x.data(), n, four);
@@ -526,7 +527,7 @@ BOOST_AUTO_TEST_CASE(gemv_matches_double_reference) {
         for (bool scalar : {true, false}) {
             scalar_guard g(scalar);
             std::vector<float> y(size_t(rows), NAN);
-            gemv(t, q.data(), rows, cols, x.data(), y.data());
+            matmul(t, q.data(), rows, cols, x.data(), 1, cols, y.data(), rows);
             for (int64_t r = 0; r < rows; ++r) {
                 // The reference decodes with the independent formulas where practical.
                 std::vector<float> w(static_cast<size_t>(cols));
