@@ -137,9 +137,8 @@ int run(const cli::args& a) {
                     static_cast<long long>(round + 1), 1e3 * t_round / double(*n_decode), achieved / 1e9,
                     bw_before / 1e9, bw_after / 1e9, 100.0 * achieved / bw);
     }
-    std::vector<double> sorted = ratios;
-    std::sort(sorted.begin(), sorted.end());
-    const double median = sorted[sorted.size() / 2];
+    std::sort(ratios.begin(), ratios.end());
+    const double median = ratios[ratios.size() / 2];
     const int64_t decoded = *n_rounds * *n_decode;
     const double achieved = (double(dense) * double(decoded) + double(expert_bytes)) / t_decode;
     std::printf("prefill: %lld tokens in %.3f s = %.1f tok/s (%lld expert loads over %d layers)\n",
@@ -152,7 +151,7 @@ int run(const cli::args& a) {
     std::printf("decode bandwidth: %.2f GB/s over all rounds (%.0f%% of the highest read bandwidth seen, %.2f GB/s)\n",
                 achieved / 1e9, 100.0 * achieved / bw_max, bw_max / 1e9);
     std::printf("decode bandwidth / read bandwidth around it: median %.0f%% over %lld rounds (min %.0f%%, max %.0f%%; target >= 50%%)\n",
-                100.0 * median, static_cast<long long>(*n_rounds), 100.0 * sorted.front(), 100.0 * sorted.back());
+                100.0 * median, static_cast<long long>(*n_rounds), 100.0 * ratios.front(), 100.0 * ratios.back());
     if (profile) {
         // Per decode token; hc_mixes includes its own matmul (also counted under matmul).
         double ops = 0;
