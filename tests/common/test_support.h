@@ -4,6 +4,8 @@
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace moestream::test {
 
@@ -34,6 +36,19 @@ struct path_exists {
 
 inline auto requires_path(std::filesystem::path p) {
     return boost::unit_test::precondition(path_exists{std::move(p)});
+}
+
+// text split at the given ascending offsets (cuts.size() + 1 pieces, empty ones included): for
+// feeding streaming parsers the same text in different chunkings.
+inline std::vector<std::string_view> cut(std::string_view text, const std::vector<size_t>& cuts) {
+    std::vector<std::string_view> pieces;
+    size_t from = 0;
+    for (size_t c : cuts) {
+        pieces.push_back(text.substr(from, c - from));
+        from = c;
+    }
+    pieces.push_back(text.substr(from));
+    return pieces;
 }
 
 }  // namespace moestream::test

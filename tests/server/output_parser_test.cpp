@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "server/output_parser.h"
+#include "tests/common/test_support.h"
 
 namespace moestream::server {
 namespace {
@@ -92,16 +93,7 @@ message parse(const parser_options& opts, const std::vector<std::string_view>& p
     return m;
 }
 
-std::vector<std::string_view> cut(std::string_view text, const std::vector<size_t>& cuts) {
-    std::vector<std::string_view> pieces;
-    size_t from = 0;
-    for (size_t c : cuts) {
-        pieces.push_back(text.substr(from, c - from));
-        from = c;
-    }
-    pieces.push_back(text.substr(from));
-    return pieces;
-}
+using test::cut;
 
 // The whole text, and the same text in every chunking listed in the file's comment.
 void check(const parser_options& opts, const std::string& text, const message& want) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "server/stop_matcher.h"
+#include "tests/common/test_support.h"
 
 namespace moestream::server {
 namespace {
@@ -46,16 +47,7 @@ size_t must_withhold(std::string_view text, const std::vector<std::string>& stop
     return best;
 }
 
-std::vector<std::string_view> cut(std::string_view text, const std::vector<size_t>& cuts) {
-    std::vector<std::string_view> pieces;
-    size_t from = 0;
-    for (size_t c : cuts) {
-        pieces.push_back(text.substr(from, c - from));
-        from = c;
-    }
-    pieces.push_back(text.substr(from));
-    return pieces;
-}
+using test::cut;
 
 // Feeds the pieces, checking after each push that exactly the ambiguous tail is withheld.
 outcome run(const std::vector<std::string>& stops, const std::vector<std::string_view>& pieces) {
