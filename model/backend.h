@@ -36,6 +36,38 @@ struct matmul_job {
     // The router's scores instead: y = router_score(W x) (sqrt of softplus, model/router_score.h),
     // computed in the parallel pass rather than serially after it.
     bool router_scores = false;
+    // A SwiGLU pair (an expert's gate and up): with `up` set, W is the gate, u[r] = up x[r] (same
+    // rounding as y) and the pass then leaves y[r] = swiglu(y[r], u[r]) as backend::swiglu would
+    // (limit, row weights swiglu_w or 1), each tile of rows as soon as both of its halves are
+    // computed, so the activation takes no step of its own.
+    weight_view up{};
+    float* u = nullptr;
+    int64_t u_stride = 0;
+    float swiglu_limit = 0;
+    const float* swiglu_w = nullptr;
+};
+
+// The residual-stream update of §3.3 after a sub-layer whose output is f [n, dim]: H[r][j] =
+// bf16(post[r][j] f[r] + Σ_i comb[r][i][j] H[r][i]) in place (hc_expand), then, when `next` is
+// set, next[r] = bf16(Σ_k pre[r][k] H[r][k]) (hc_collapse: the following sub-layer's input).
+struct hc_update {
+    float* H = nullptr;           // [n, hc, dim]
+    const float* post = nullptr;  // [n, hc]
+    const float* comb = nullptr;  // [n, hc, hc]
+    const float* pre = nullptr;   // [n, hc], with next
+    float* next = nullptr;        // [n, dim] or null
+    int hc = 0;
+};
+
+// One term of a sub-layer's output (backend::output_sum): m rows y[i] = bf16(W h[i]) (W: [dim,
+// cols]), or, with W empty, m rows y[i] computed earlier. Row i adds into output row rows[i]
+// (rows null: row i).
+struct output_term {
+    weight_view w;
+    const float* h = nullptr;       // m x w.cols
+    const float* y = nullptr;       // m x dim, when w is empty
+    const int64_t* rows = nullptr;  // m output rows, or null
+    int64_t m = 0;
 };
 
 class backend {
@@ -50,6 +82,13 @@ class backend {
     // Independent matmuls run as one parallel step (decode's many small ones: the experts of a
     // layer, q_a with kv, the output groups), each value as matmul() would compute it.
     virtual void matmul_batch(std::span<const matmul_job> jobs) = 0;
+    // A sub-layer's output and the residual update it feeds, in one parallel pass over slices of
+    // dim: f[r] = bf16(Σ_t y_t[i] over the terms' rows i that add into r, the terms in the order
+    // given, the sum starting from 0), then `upd` (may be null) from f. The MoE's down projections
+    // and their weighted sum, or the attention's output projection, followed by hc_expand and
+    // hc_collapse: every value as those separate steps would give it.
+    virtual void output_sum(std::span<const output_term> terms, int64_t n, int64_t dim, float* f,
+                            const hc_update* upd) = 0;
     // y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps); w may be null (weightless); y may alias x.
     virtual void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                           bool round_bf16) = 0;

@@ -215,21 +215,115 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
         const auto& jb = jobs[j];
         MS_ASSERT(!jb.w.empty());
         MS_ASSERT_MSG(jb.w.row_stride == size_t(row_bytes(dtype_info(jb.w.type), jb.w.cols)), "weight rows must be contiguous");
+        int64_t tile_row_bytes = int64_t(jb.w.row_stride);
+        if (!jb.up.empty()) {
+            MS_ASSERT_MSG(jb.up.rows == jb.w.rows && jb.up.cols == jb.w.cols && jb.u != nullptr, "swiglu pair: gate and up differ in shape");
+            MS_ASSERT_MSG(jb.up.row_stride == size_t(row_bytes(dtype_info(jb.up.type), jb.up.cols)), "weight rows must be contiguous");
+            MS_ASSERT(!jb.router_scores);
+            tile_row_bytes += int64_t(jb.up.row_stride);
+        }
         if (jb.n == 0) continue;
-        const int64_t rows = std::max<int64_t>(1, kTileBytes / int64_t(jb.w.row_stride));
+        const int64_t rows = std::max<int64_t>(1, kTileBytes / tile_row_bytes);
         for (int64_t b = 0; b < jb.w.rows; b += rows) tiles_.push_back({int32_t(j), b, std::min(jb.w.rows, b + rows)});
     }
     pool_.parallel_for(int64_t(tiles_.size()), [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
             const tile& tl = tiles_[size_t(t)];
             const auto& jb = jobs[size_t(tl.job)];
-            moestream::matmul(jb.w.type, jb.w.row(tl.begin), tl.end - tl.begin, jb.w.cols, jb.x, jb.n, jb.x_stride,
+            const int64_t count = tl.end - tl.begin;
+            moestream::matmul(jb.w.type, jb.w.row(tl.begin), count, jb.w.cols, jb.x, jb.n, jb.x_stride,
                               jb.y + tl.begin, jb.y_stride);
             if (jb.round_bf16)
-                for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, tl.end - tl.begin);
+                for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, count);
             if (jb.router_scores)
                 for (int64_t r = 0; r < jb.n; ++r)
                     for (int64_t o = tl.begin; o < tl.end; ++o) jb.y[r * jb.y_stride + o] = router_score(jb.y[r * jb.y_stride + o]);
+            if (!jb.up.empty()) {
+                moestream::matmul(jb.up.type, jb.up.row(tl.begin), count, jb.up.cols, jb.x, jb.n, jb.x_stride,
+                                  jb.u + tl.begin, jb.u_stride);
+                for (int64_t r = 0; r < jb.n; ++r) {
+                    float* g = jb.y + r * jb.y_stride + tl.begin;
+                    float* u = jb.u + r * jb.u_stride + tl.begin;
+                    if (jb.round_bf16) round_to_bf16(u, count);
+                    // swiglu_row is element-wise: a tile's rows get the bits the whole row would.
+                    elementwise::swiglu_row(g, u, count, jb.swiglu_limit, jb.swiglu_w ? jb.swiglu_w[r] : 1.0f);
+                }
+            }
+        }
+    });
+}
+
+namespace {
+
+// Per-thread scratch of output_sum's units (a worker's own thread_local: each unit runs wholly
+// on one thread).
+struct output_scratch {
+    std::vector<float> acc, y;
+};
+thread_local output_scratch t_output;
+
+}  // namespace
+
+void cpu_backend::output_sum(std::span<const output_term> terms, int64_t n, int64_t dim, float* f,
+                             const hc_update* upd) {
+    timer t_(*this, k_output_sum);
+    MS_ASSERT(n >= 0 && dim > 0 && f != nullptr);
+    if (n == 0) return;
+    // Bytes a column of f costs: the weight rows it reads, the y values it adds, the update's
+    // streams. A unit is a slice of columns (a multiple of 16, so the vector loops take it whole)
+    // of about kUnitBytes.
+    int64_t column_bytes = 0, max_m = 0;
+    for (const auto& t : terms) {
+        MS_ASSERT(t.m >= 0 && t.m <= n);
+        max_m = std::max(max_m, t.m);
+        if (!t.w.empty()) {
+            MS_ASSERT_MSG(t.w.rows == dim && t.h != nullptr, "output_sum: a term's W must have dim rows");
+            MS_ASSERT_MSG(t.w.row_stride == size_t(row_bytes(dtype_info(t.w.type), t.w.cols)), "weight rows must be contiguous");
+            column_bytes += int64_t(t.w.row_stride) + 4 * t.m;
+        } else {
+            MS_ASSERT_MSG(t.y != nullptr || t.m == 0, "output_sum: a term needs W or y");
+            column_bytes += 4 * t.m;
+        }
+    }
+    const int hc = upd ? upd->hc : 0;
+    if (upd) MS_ASSERT(upd->H && upd->post && upd->comb && hc >= 1 && (!upd->next || upd->pre));
+    column_bytes += 4 * n * (2 + 2 * hc);
+    const int64_t unit_bytes = n == 1 ? 32 << 10 : 192 << 10;
+    const int64_t by_bytes = (unit_bytes / std::max<int64_t>(column_bytes, 1)) / 16 * 16;
+    const int64_t by_threads = (dim + 16 * pool_.size() - 1) / (16 * pool_.size()) * 16;
+    const int64_t width = std::max<int64_t>(16, std::min(by_bytes, by_threads));
+    const int64_t units = (dim + width - 1) / width;
+    pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
+        output_scratch& sc = t_output;
+        for (int64_t unit = begin; unit < end; ++unit) {
+            const int64_t d0 = unit * width, w = std::min(width, dim - d0);
+            sc.acc.assign(size_t(n * w), 0.0f);
+            if (sc.y.size() < size_t(max_m * w)) sc.y.resize(size_t(max_m * w));
+            for (const auto& t : terms) {
+                if (t.m == 0) continue;
+                const float* y = t.y ? t.y + d0 : nullptr;
+                int64_t y_stride = dim;
+                if (!t.w.empty()) {
+                    moestream::matmul(t.w.type, t.w.row(d0), w, t.w.cols, t.h, t.m, t.w.cols, sc.y.data(), w);
+                    round_to_bf16(sc.y.data(), t.m * w);
+                    y = sc.y.data();
+                    y_stride = w;
+                }
+                for (int64_t i = 0; i < t.m; ++i) {
+                    float* a = sc.acc.data() + (t.rows ? t.rows[i] : i) * w;
+                    const float* yi = y + i * y_stride;
+                    for (int64_t d = 0; d < w; ++d) a[d] += yi[d];
+                }
+            }
+            for (int64_t r = 0; r < n; ++r) {
+                float* fr = f + r * dim + d0;
+                const float* a = sc.acc.data() + r * w;
+                for (int64_t d = 0; d < w; ++d) fr[d] = round_to_bf16(a[d]);
+                if (!upd) continue;
+                float* Hr = upd->H + r * hc * dim + d0;
+                elementwise::expand_cols(fr, Hr, hc, dim, w, upd->post + r * hc, upd->comb + r * hc * hc, Hr);
+                if (upd->next) elementwise::collapse_cols(Hr, hc, dim, w, upd->pre + r * hc, upd->next + r * dim + d0);
+            }
         }
     });
 }
@@ -317,7 +411,7 @@ void cpu_backend::hc_collapse(const float* H, int64_t n, int hc, int64_t dim, co
     timer t_(*this, k_hc_collapse);
     pool_.parallel_for(n, rows_per_chunk(hc * dim), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r)
-            elementwise::collapse_row(H + r * hc * dim, hc, dim, p + r * hc, out + r * dim);
+            elementwise::collapse_cols(H + r * hc * dim, hc, dim, dim, p + r * hc, out + r * dim);
     });
 }
 
@@ -326,8 +420,8 @@ void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, i
     timer t_(*this, k_hc_expand);
     pool_.parallel_for(n, rows_per_chunk(hc * dim), [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r)
-            elementwise::expand_row(f + r * dim, H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc,
-                                    out + r * hc * dim);
+            elementwise::expand_cols(f + r * dim, H + r * hc * dim, hc, dim, dim, post + r * hc, comb + r * hc * hc,
+                                     out + r * hc * dim);
     });
 }
 

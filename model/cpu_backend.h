@@ -30,6 +30,8 @@ class cpu_backend final : public backend {
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
                 bool round_bf16) override;
     void matmul_batch(std::span<const matmul_job> jobs) override;
+    void output_sum(std::span<const output_term> terms, int64_t n, int64_t dim, float* f,
+                    const hc_update* upd) override;
     void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                   bool round_bf16) override;
     void round_bf16(float* x, int64_t count) override;
@@ -58,12 +60,12 @@ class cpu_backend final : public backend {
     thread_pool pool_;
     std::vector<tile> tiles_;  // matmul_batch's work list, reused
     enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
-                 k_swiglu, k_indexer, k_engram, k_quant, k_op_count };
+                 k_swiglu, k_indexer, k_engram, k_quant, k_output_sum, k_op_count };
     struct timer;
     bool profiling_ = false;
     op_time times_[k_op_count] = {{"matmul"}, {"matmul_batch"}, {"rms_norm"}, {"rope"}, {"hc_mixes"}, {"hc_collapse"},
                                   {"hc_expand"}, {"attention"}, {"swiglu"}, {"indexer_scores"}, {"engram_gate"},
-                                  {"act_quant"}};
+                                  {"act_quant"}, {"output_sum"}};
 };
 
 }  // namespace moestream

@@ -212,30 +212,31 @@ MS_VECTOR_CLONES void swiglu_row(float* g, const float* u, int64_t n, float limi
     }
 }
 
-MS_VECTOR_CLONES void collapse_row(const float* H, int hc, int64_t dim, const float* p, float* out) {
+MS_VECTOR_CLONES void collapse_cols(const float* H, int hc, int64_t stride, int64_t width, const float* p,
+                                   float* out) {
     int64_t d = 0;
-    for (; d + kVec <= dim; d += kVec) {
+    for (; d + kVec <= width; d += kVec) {
         f32x16 acc = {};
-        for (int k = 0; k < hc; ++k) acc += p[k] * load16(H + k * dim + d);
+        for (int k = 0; k < hc; ++k) acc += p[k] * load16(H + k * stride + d);
         store16(out + d, round16_to_bf16(acc));
     }
-    for (; d < dim; ++d) {
+    for (; d < width; ++d) {
         float acc = 0.0f;
-        for (int k = 0; k < hc; ++k) acc += p[k] * H[k * dim + d];
+        for (int k = 0; k < hc; ++k) acc += p[k] * H[k * stride + d];
         out[d] = round_to_bf16(acc);
     }
 }
 
-// The full blocks of expand_row for hc streams (a compile-time constant for the common hc = 4,
+// The full blocks of expand_cols for hc streams (a compile-time constant for the common hc = 4,
 // so the stream loops unroll; 0 means "use hc").
 template <int kHc>
-[[gnu::always_inline]] inline int64_t expand_blocks(const float* f, const float* H, int hc, int64_t dim,
-                                                    const float* post, const float* C, float* out) {
+[[gnu::always_inline]] inline int64_t expand_blocks(const float* f, const float* H, int hc, int64_t stride,
+                                                    int64_t width, const float* post, const float* C, float* out) {
     if constexpr (kHc > 0) hc = kHc;
     int64_t d = 0;
-    for (; d + kVec <= dim; d += kVec) {
+    for (; d + kVec <= width; d += kVec) {
         f32x16 h[kMaxHc], o[kMaxHc];
-        for (int i = 0; i < hc; ++i) h[i] = load16(H + i * dim + d);
+        for (int i = 0; i < hc; ++i) h[i] = load16(H + i * stride + d);
         const f32x16 fv = load16(f + d);
         for (int j = 0; j < hc; ++j) {
             f32x16 t = {};
@@ -243,25 +244,25 @@ template <int kHc>
             o[j] = round16_to_bf16(post[j] * fv + t);
         }
         // Every stream's block is loaded before any output block is stored, so out may be H.
-        for (int j = 0; j < hc; ++j) store16(out + j * dim + d, o[j]);
+        for (int j = 0; j < hc; ++j) store16(out + j * stride + d, o[j]);
     }
     return d;
 }
 
-MS_VECTOR_CLONES void expand_row(const float* f, const float* H, int hc, int64_t dim, const float* post,
-                                 const float* C, float* out) {
+MS_VECTOR_CLONES void expand_cols(const float* f, const float* H, int hc, int64_t stride, int64_t width,
+                                  const float* post, const float* C, float* out) {
     MS_ASSERT(hc >= 1 && hc <= kMaxHc);
-    int64_t d = hc == 4 ? expand_blocks<4>(f, H, hc, dim, post, C, out)
-                        : expand_blocks<0>(f, H, hc, dim, post, C, out);
-    for (; d < dim; ++d) {
+    int64_t d = hc == 4 ? expand_blocks<4>(f, H, hc, stride, width, post, C, out)
+                        : expand_blocks<0>(f, H, hc, stride, width, post, C, out);
+    for (; d < width; ++d) {
         float h[kMaxHc], o[kMaxHc];
-        for (int i = 0; i < hc; ++i) h[i] = H[i * dim + d];
+        for (int i = 0; i < hc; ++i) h[i] = H[i * stride + d];
         for (int j = 0; j < hc; ++j) {
             float t = 0.0f;
             for (int i = 0; i < hc; ++i) t += C[i * hc + j] * h[i];
             o[j] = round_to_bf16(post[j] * f[d] + t);
         }
-        for (int j = 0; j < hc; ++j) out[j * dim + d] = o[j];
+        for (int j = 0; j < hc; ++j) out[j * stride + d] = o[j];
     }
 }
 

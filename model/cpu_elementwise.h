@@ -40,14 +40,17 @@ void exp_floats(const float* x, float* y, int64_t n);
 // g[i] = bf16(w · (min(g[i], limit) / (1 + exp(-min(g[i], limit)))) · clamp(u[i], ±limit)), in place.
 void swiglu_row(float* g, const float* u, int64_t n, float limit, float w);
 
-// out[d] = bf16(Σ_k p[k] H[k][d]) with the sum over k ascending from 0 (H: hc rows of dim).
-void collapse_row(const float* H, int hc, int64_t dim, const float* p, float* out);
+// out[d] = bf16(Σ_k p[k] H[k][d]) for d < width, the sum over k ascending from 0 (H: hc rows
+// `stride` floats apart; a column range of the streams is H + d0 with the row stride).
+void collapse_cols(const float* H, int hc, int64_t stride, int64_t width, const float* p, float* out);
 
-// out[j][d] = bf16(post[j] f[d] + Σ_i C[i][j] H[i][d]) with the sum over i ascending from 0.
-// out may be H itself (each block of d is read completely before it is written); hc <= kMaxHc.
+// out[j][d] = bf16(post[j] f[d] + Σ_i C[i][j] H[i][d]) for d < width, the sum over i ascending
+// from 0 (H and out: hc rows `stride` floats apart). Every column is computed alone, so a range
+// of columns gives the bits of the whole row. out may be H itself (each block of d is read
+// completely before it is written); hc <= kMaxHc.
 inline constexpr int kMaxHc = 16;
-void expand_row(const float* f, const float* H, int hc, int64_t dim, const float* post, const float* C,
-                float* out);
+void expand_cols(const float* f, const float* H, int hc, int64_t stride, int64_t width, const float* post,
+                 const float* C, float* out);
 
 // Interleaved pairs (t[2i], t[2i+1]) = bf16(a c_i - b s_i, a s_i + b c_i) for i < pairs.
 void rotate_pairs(float* t, const float* c, const float* s, int64_t pairs);

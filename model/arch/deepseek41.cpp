@@ -165,6 +165,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
 
     std::vector<float> x(static_cast<size_t>(R * dim)), xq, qr, q, a, f, u;
     detail::hc_mix mixA, mixF;
+    bool x_collapsed = false;  // x already holds the next attention input (fused into the MoE's output pass)
     std::vector<attention_row> arows(static_cast<size_t>(R));
     std::vector<std::vector<const float*>> keys(static_cast<size_t>(R));
     // Engram rows depend only on token ids: hash every row of every engram layer now and
@@ -239,7 +240,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         }
 
         // ---- attention sub-layer ----
-        be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), x.data());
+        if (!x_collapsed) be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), x.data());
+        x_collapsed = false;
         be_.rms_norm(x.data(), R, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
         const float* x_fp8 = x.data();  // input of the fp8 linears wq_a and wkv
         if (opts_.act_quant) {
@@ -432,23 +434,31 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 arows[size_t(r)].n_keys = int64_t(kl.size());
             }
         }
-        detail::attend_and_project(env, lw, q, arows, rows, freqs, a);
+        // The output projection's pass also expands the streams and collapses them into the MoE
+        // input (with the attention's own mix: V4.1 threading). x is free: its readers ran.
+        const hc_update updA{H.data(), mixA.post.data(), mixA.comb.data(), mixA.pre.data(), x.data(), hc};
+        detail::attend_and_project(env, lw, q, arows, rows, freqs, a, &updA);
         detail::observe(env, "attn_out", L, a.data(), {R, dim});
-        be_.hc_expand(a.data(), H.data(), R, hc, dim, mixA.post.data(), mixA.comb.data(), H.data());
 
-        // ---- MoE sub-layer: collapsed with the attention's own mix (V4.1 threading) ----
-        be_.hc_collapse(H.data(), R, hc, dim, mixA.pre.data(), x.data());
+        // ---- MoE sub-layer ----
         be_.rms_norm(x.data(), R, dim, lw.ffn_norm.data, float(hp.norm_eps), x.data(), true);
         const matmul_job mixF_job = mixF.job(env, H, R, lw.hc_ffn_fn);  // batched with the router
         const layer_weights* next = L + 1 < hp.n_layers ? &w_.layers[size_t(L + 1)] : nullptr;
-        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}, next); !st) {
+        // The MoE's output pass expands the streams too and, unless the next layer's engram must
+        // change them first, collapses them into its attention input (x is free by then).
+        const bool collapse_next = next && !hp.is_engram_layer(L + 1);
+        const auto update_F = [&]() -> hc_update {
+            mixF.compute(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, true);
+            return {H.data(), mixF.post.data(), mixF.comb.data(), mixF.pre.data(), collapse_next ? x.data() : nullptr, hc};
+        };
+        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}, next, update_F);
+            !st) {
             restore();
             return st;
         }
         detail::observe(env, "ffn_moe_out", L, f.data(), {R, dim});
-        mixF.compute(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, true);
-        be_.hc_expand(f.data(), H.data(), R, hc, dim, mixF.post.data(), mixF.comb.data(), H.data());
-        p_in = mixF.pre;  // collapses the next layer's attention input
+        p_in = mixF.pre;  // collapses the next layer's attention input where the pass did not
+        x_collapsed = collapse_next;
     }
 
     // ---- final collapse with the last FFN mix, norm, LM head ----

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include "model/arch/deepseek41_internal.h"
 #include "model/bf16.h"
@@ -72,7 +73,7 @@ void window_kv(const env& e, const layer_weights& lw, const float* x, const rows
 
 void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
-                        std::vector<float>& out) {
+                        std::vector<float>& out, const hc_update* upd) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
     std::vector<float> o(static_cast<size_t>(n * hp.q_dim()));
@@ -95,7 +96,9 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     e.be.matmul_batch(groups);
     out.resize(size_t(n * hp.dim));
     act_quant(e, act_quant_kind::fp8_e8m0_32, u.data(), int64_t(u.size()));
-    e.be.matmul(lw.out_b, u.data(), low, n, out.data(), hp.dim, true);
+    // W_ob with the residual update in the same pass.
+    const output_term term{lw.out_b, u.data(), nullptr, nullptr, n};
+    e.be.output_sum({&term, 1}, n, hp.dim, out.data(), upd);
 }
 
 void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
@@ -132,28 +135,58 @@ namespace {
 struct expert_work {
     std::vector<int64_t> rows;
     std::vector<float> w, x, g, u, y;
+    const float* in = nullptr;  // its input rows: x, or the step's own input when it takes every row
+    bool down_in_output = false;  // its down projection runs inside output_sum
     expert_weights ew;
 };
 
 // moe()'s buffers, kept per thread between calls: decode runs it 40 times a token, and fresh
 // vectors (allocated, zero-filled, freed) cost more there than the routing arithmetic.
 struct moe_scratch {
-    std::vector<float> xq, scores, biased, shared_g, shared_u, ahead, weights, acc;
+    std::vector<float> xq, scores, biased, shared_g, shared_u, ahead, weights;
     std::vector<int32_t> picks, needed, predicted, pending;
     std::vector<size_t> group;
     std::vector<matmul_job> jobs;
+    std::vector<output_term> terms;
     std::vector<expert_work> work;
 };
 thread_local moe_scratch t_moe;
+
+// Experts whose down projections run inside output_sum (decode's few): each of its units reads
+// a slice of every one of them, which pays off while there are few; a prefill's hundreds go
+// through matmul_batch first and output_sum only adds them up.
+constexpr size_t kMaxDownsInOutput = 16;
+
+// The gate/up job of an expert: one SwiGLU pair, or (with act_quant, whose fp8 round trip of
+// the activation works on 32-element blocks that tiles need not respect) two plain matmuls.
+void push_gate_up(std::vector<matmul_job>& jobs, const expert_weights& ew, const float* x, int64_t dim, int64_t m,
+                  float* g, float* u, float limit, const float* w, bool pair) {
+    const int64_t in = ew.gate.rows;
+    matmul_job gate{ew.gate, x, dim, m, g, in, true};
+    if (!pair) {
+        jobs.push_back(gate);
+        jobs.push_back({ew.up, x, dim, m, u, in, true});
+        return;
+    }
+    gate.up = ew.up;
+    gate.u = u;
+    gate.u_stride = in;
+    gate.swiglu_limit = limit;
+    gate.swiglu_w = w;
+    jobs.push_back(gate);
+}
 
 }  // namespace
 
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra,
-           const layer_weights* next) {
+           const layer_weights* next, const std::function<hc_update()>& update) {
     const auto& hp = e.hp;
     moe_scratch& sc = t_moe;
     const int64_t n = rows.n(), dim = hp.dim;
+    const float limit = float(hp.swiglu_limit);
+    // SwiGLU inside the gate/up passes, unless act_quant must round its output in 32-blocks.
+    const bool pair = !e.opts.act_quant;
     // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip
     // (the router, fp32, sees x itself).
     const float* xe = x;
@@ -165,6 +198,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     }
     // One parallel step: the router, the shared expert's gate/up (they need no routing) and the
     // caller's extra work.
+    const expert_weights shared_ew{lw.gate_shexp, lw.up_shexp, lw.down_shexp};
     const int64_t sinter = lw.gate_shexp.rows;
     std::vector<float>&scores = sc.scores, &biased = sc.biased, &shared_g = sc.shared_g, &shared_u = sc.shared_u;
     scores.resize(size_t(n * n_experts));
@@ -177,8 +211,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
         first.push_back({lw.gate_inp, x, dim, n, scores.data(), n_experts, false, true});
-        first.push_back({lw.gate_shexp, xe, dim, n, shared_g.data(), sinter, true});
-        first.push_back({lw.up_shexp, xe, dim, n, shared_u.data(), sinter, true});
+        push_gate_up(first, shared_ew, xe, dim, n, shared_g.data(), shared_u.data(), limit, nullptr, pair);
         first.insert(first.end(), extra.begin(), extra.end());
         if (next && e.opts.lookahead) {
             ahead.resize(size_t(n * n_experts));
@@ -186,6 +219,8 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         }
         e.be.matmul_batch(first);
     }
+    std::optional<hc_update> upd;
+    if (update) upd = update();
     // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)) (formed in the parallel step); the
     // bias only selects.
     std::vector<int32_t>& picks = sc.picks;
@@ -232,15 +267,17 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets
     // the model hold at once (all of them when everything is resident), and each group's gate/up
-    // projections run as one parallel step and its down projections as another. The sum is taken
-    // afterwards in a fixed order, ascending expert id then the shared expert, whatever the
-    // grouping or the order the experts became resident in.
+    // projections run as one parallel step. The down projections of the last group (all of
+    // them in decode) run inside output_sum, which adds every expert's output in a fixed order,
+    // ascending expert id then the shared expert, whatever the grouping or the order the
+    // experts became resident in; earlier groups' run as a step of their own first.
     std::vector<expert_work>& work = sc.work;
     work.resize(needed.size() + 1);
     for (auto& ex : work) {
         ex.rows.clear();
         ex.w.clear();
         ex.ew = {};
+        ex.down_in_output = false;
     }
     for (size_t k = 0; k < needed.size(); ++k) {
         auto& ex = work[k];
@@ -251,15 +288,19 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
                     ex.w.push_back(weights[size_t(r * n_active + j)]);
                 }
         const int64_t m = int64_t(ex.rows.size());
+        if (m == n) {  // every row, in order (decode's single row): no copy
+            ex.in = xe;
+            continue;
+        }
         ex.x.resize(size_t(m * dim));
         for (int64_t i = 0; i < m; ++i) std::copy_n(xe + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
+        ex.in = ex.x.data();
     }
     auto& shared = work.back();
-    shared.ew = {lw.gate_shexp, lw.up_shexp, lw.down_shexp};
+    shared.ew = shared_ew;
     for (int64_t r = 0; r < n; ++r) shared.rows.push_back(r);
     std::swap(shared.g, shared_g);  // computed with the router (the swap keeps both buffers)
     std::swap(shared.u, shared_u);
-    shared.y.resize(size_t(n * dim));
     // Experts are computed as they become resident (expert-granular overlap with the reads of the
     // others), in groups of what is ready; the shared expert joins the first group.
     const int64_t cap = std::max<int64_t>(1, e.experts.max_held());
@@ -282,9 +323,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
                 const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
                 ex.g.resize(size_t(m * in));
                 ex.u.resize(size_t(m * in));
-                ex.y.resize(size_t(m * dim));
-                jobs.push_back({ex.ew.gate, ex.x.data(), dim, m, ex.g.data(), in, true});
-                jobs.push_back({ex.ew.up, ex.x.data(), dim, m, ex.u.data(), in, true});
+                push_gate_up(jobs, ex.ew, ex.in, dim, m, ex.g.data(), ex.u.data(), limit, ex.w.data(), pair);
                 group.push_back(k);
                 pending.erase(std::find(pending.begin(), pending.end(), id));
             }
@@ -298,21 +337,38 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         for (size_t k : group) {
             auto& ex = work[k];
             const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
-            e.be.swiglu(ex.g.data(), ex.u.data(), m, in, float(hp.swiglu_limit), k + 1 < work.size() ? ex.w.data() : nullptr);
-            act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
+            if (!pair) {
+                e.be.swiglu(ex.g.data(), ex.u.data(), m, in, limit, k + 1 < work.size() ? ex.w.data() : nullptr);
+                act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
+            }
+            if (pending.empty() && group.size() <= kMaxDownsInOutput) {
+                ex.down_in_output = true;
+                continue;
+            }
+            ex.y.resize(size_t(m * dim));
             jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
         }
+        if (jobs.empty()) break;  // the last group: its downs run in output_sum
         e.be.matmul_batch(jobs);
         for (size_t k : group)
             if (k + 1 < work.size()) e.experts.release(layer, needed[k]);
     }
-    std::vector<float>& acc = sc.acc;
-    acc.assign(size_t(n * dim), 0.0f);
-    for (const auto& ex : work)
-        for (size_t i = 0; i < ex.rows.size(); ++i)
-            for (int64_t d = 0; d < dim; ++d) acc[size_t(ex.rows[i] * dim + d)] += ex.y[i * size_t(dim) + size_t(d)];
+    std::vector<output_term>& terms = sc.terms;
+    terms.clear();
+    for (const auto& ex : work) {
+        const int64_t m = int64_t(ex.rows.size());
+        output_term t{{}, nullptr, ex.y.data(), m == n ? nullptr : ex.rows.data(), m};
+        if (ex.down_in_output) {
+            t.w = ex.ew.down;
+            t.h = ex.g.data();
+            t.y = nullptr;
+        }
+        terms.push_back(t);
+    }
     out.resize(size_t(n * dim));
-    for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_bf16(acc[i]);
+    e.be.output_sum(terms, n, dim, out.data(), upd ? &*upd : nullptr);
+    for (size_t k = 0; k + 1 < work.size(); ++k)
+        if (work[k].down_in_output) e.experts.release(layer, needed[k]);
     return {};
 }
 

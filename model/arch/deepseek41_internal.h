@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -45,16 +46,19 @@ void query_and_kv(const env& e, const layer_weights& lw, const float* x, const r
 // Window kv rows: RoPE(RMSNorm(W_kv · x)).
 void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
                std::vector<float>& kv);
-// Attention over per-row key lists, de-rotation and the grouped output projection -> out [n, dim].
+// Attention over per-row key lists, de-rotation and the grouped output projection -> out [n, dim];
+// `upd` (may be null): the residual update, applied in the output projection's pass.
 void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
-                        std::vector<float>& out);
+                        std::vector<float>& out, const hc_update* upd = nullptr);
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
 // `extra` matmuls (independent of the MoE) join the router's parallel step.
 // `next`: the following layer, whose router predicts its experts when opts.lookahead is on.
+// `update` (may be empty): called after the router's step (so `extra` may compute what it needs);
+// the residual update it returns is applied in the pass that forms `out`.
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
-           const layer_weights* next = nullptr);
+           const layer_weights* next = nullptr, const std::function<hc_update()>& update = {});
 
 // Indices of the k largest of v[0..n), ties to the lower index: the one selection rule of the
 // router, the indexer and the candidate blocks (the reference's torch.topk leaves the order

@@ -17,6 +17,7 @@
 
 #include "model/bf16.h"
 #include "model/cpu_elementwise.h"
+#include "model/quant.h"
 #include "tests/common/test_support.h"
 
 using namespace moestream;
@@ -515,6 +516,132 @@ BOOST_AUTO_TEST_CASE(hc_collapse_and_expand_are_bit_identical) {
         be.hc_collapse(H.data() + first * hc * dim, count, hc, dim, post.data() + first * hc, out.data());
         return out;
     });
+}
+
+namespace {
+
+// A [rows, cols] weight matrix of random values quantised to `type`.
+struct quantized_matrix {
+    std::vector<uint8_t> bytes;
+    weight_view view;
+    quantized_matrix(ggml_type type, int64_t rows, int64_t cols, uint32_t seed) {
+        const auto src = random_floats(size_t(rows * cols), seed, 0.05f);
+        const int64_t rb = row_bytes(dtype_info(type), cols);
+        bytes.resize(size_t(rows * rb));
+        for (int64_t o = 0; o < rows; ++o) quant::quantize_row(type, src.data() + o * cols, bytes.data() + o * rb, cols);
+        view = weight_view::contiguous(bytes.data(), type, cols, rows);
+    }
+};
+
+}  // namespace
+
+// A SwiGLU pair job gives what the gate and up matmuls followed by swiglu give (the MoE's
+// gate/up pass with its activation inside), for any thread count, rows and row weights.
+BOOST_AUTO_TEST_CASE(swiglu_pair_jobs_equal_matmuls_then_swiglu) {
+    for (ggml_type type : {ggml_type::mxfp4, ggml_type::q8_0}) {
+        for (int64_t n : {1, 3}) {
+            const int64_t dim = 256, inter = 200;
+            const quantized_matrix gate(type, inter, dim, 61), up(type, inter, dim, 62);
+            const auto x = bf16_floats(size_t(n * dim), 63);
+            const auto w = random_floats(size_t(n), 64);
+            const float limit = 0.3f;  // small, so the clamps take effect
+            cpu_backend ref_be(1);
+            std::vector<float> ref_g(size_t(n * inter)), ref_u(size_t(n * inter));
+            ref_be.matmul(gate.view, x.data(), dim, n, ref_g.data(), inter, true);
+            ref_be.matmul(up.view, x.data(), dim, n, ref_u.data(), inter, true);
+            for (const float* rw : {static_cast<const float*>(nullptr), w.data()}) {
+                auto want = ref_g;
+                ref_be.swiglu(want.data(), ref_u.data(), n, inter, limit, rw);
+                const auto got = same_for_every_thread_count([&](cpu_backend& be) {
+                    std::vector<float> g(size_t(n * inter)), u(size_t(n * inter));
+                    matmul_job job{gate.view, x.data(), dim, n, g.data(), inter, true};
+                    job.up = up.view;
+                    job.u = u.data();
+                    job.u_stride = inter;
+                    job.swiglu_limit = limit;
+                    job.swiglu_w = rw;
+                    // With a plain job beside it, as in the MoE's passes.
+                    std::vector<float> plain(size_t(n * inter));
+                    const matmul_job jobs[] = {job, {up.view, x.data(), dim, n, plain.data(), inter, true}};
+                    be.matmul_batch(jobs);
+                    REQUIRE_SAME_BITS(u, ref_u);
+                    REQUIRE_SAME_BITS(plain, ref_u);
+                    return g;
+                });
+                REQUIRE_SAME_BITS(got, want);
+            }
+        }
+    }
+}
+
+// output_sum equals its separate steps: each term's matmul (rounded to bf16), the sum in term
+// order into the rows the terms name, starting from 0 and rounded to bf16, then hc_expand in
+// place and hc_collapse; terms with weights and with precomputed y, dims that are and are not
+// multiples of the slices, for any thread count.
+BOOST_AUTO_TEST_CASE(output_sum_equals_its_separate_steps) {
+    for (int64_t dim : {64, 1000, 1024}) {
+        for (int64_t n : {1, 4}) {
+            const int hc = 4;
+            const int64_t inter = 96;
+            const quantized_matrix w0(ggml_type::mxfp4, dim, inter, 71), w1(ggml_type::q8_0, dim, inter, 72),
+                w2(ggml_type::mxfp4, dim, inter, 73);
+            // Term 0 takes rows {n-1, 0} (out of order), term 1 every row, term 2 (y given) row 0,
+            // term 3 (weights) rows {1 % n}.
+            const std::vector<int64_t> rows0 = n > 1 ? std::vector<int64_t>{n - 1, 0} : std::vector<int64_t>{0};
+            const std::vector<int64_t> rows3{1 % n};
+            const auto h0 = bf16_floats(size_t(int64_t(rows0.size()) * inter), 74);
+            const auto h1 = bf16_floats(size_t(n * inter), 75);
+            const auto y2 = bf16_floats(size_t(dim), 76);
+            const auto h3 = bf16_floats(size_t(inter), 77);
+            const auto H0 = bf16_floats(size_t(n * hc * dim), 78);
+            const auto post = random_floats(size_t(n * hc), 79);
+            const auto comb = random_floats(size_t(n * hc * hc), 80);
+            const auto pre = random_floats(size_t(n * hc), 81);
+
+            // The separate steps.
+            cpu_backend ref_be(1);
+            std::vector<float> acc(size_t(n * dim), 0.0f), y(size_t(n * dim));
+            auto add = [&](const std::vector<int64_t>* rows, int64_t m, const float* ys) {
+                for (int64_t i = 0; i < m; ++i)
+                    for (int64_t d = 0; d < dim; ++d) acc[size_t((rows ? (*rows)[size_t(i)] : i) * dim + d)] += ys[i * dim + d];
+            };
+            ref_be.matmul(w0.view, h0.data(), inter, int64_t(rows0.size()), y.data(), dim, true);
+            add(&rows0, int64_t(rows0.size()), y.data());
+            ref_be.matmul(w1.view, h1.data(), inter, n, y.data(), dim, true);
+            add(nullptr, n, y.data());
+            const std::vector<int64_t> row0{0};
+            add(&row0, 1, y2.data());
+            ref_be.matmul(w2.view, h3.data(), inter, 1, y.data(), dim, true);
+            add(&rows3, 1, y.data());
+            std::vector<float> want_f(acc.size());
+            for (size_t i = 0; i < acc.size(); ++i) want_f[i] = round_to_bf16(acc[i]);
+            auto want_H = H0;
+            ref_be.hc_expand(want_f.data(), want_H.data(), n, hc, dim, post.data(), comb.data(), want_H.data());
+            std::vector<float> want_next(size_t(n * dim));
+            ref_be.hc_collapse(want_H.data(), n, hc, dim, pre.data(), want_next.data());
+
+            const output_term terms[] = {{w0.view, h0.data(), nullptr, rows0.data(), int64_t(rows0.size())},
+                                         {w1.view, h1.data(), nullptr, nullptr, n},
+                                         {{}, nullptr, y2.data(), row0.data(), 1},
+                                         {w2.view, h3.data(), nullptr, rows3.data(), 1}};
+            for (bool with_update : {false, true}) {
+                const auto got = same_for_every_thread_count([&](cpu_backend& be) {
+                    std::vector<float> f(size_t(n * dim)), next(size_t(n * dim), -1.0f);
+                    auto H = H0;
+                    const hc_update upd{H.data(), post.data(), comb.data(), pre.data(), next.data(), hc};
+                    be.output_sum(terms, n, dim, f.data(), with_update ? &upd : nullptr);
+                    if (with_update) {
+                        REQUIRE_SAME_BITS(H, want_H);
+                        REQUIRE_SAME_BITS(next, want_next);
+                    } else {
+                        REQUIRE_SAME_BITS(H, H0);
+                    }
+                    return f;
+                });
+                REQUIRE_SAME_BITS(got, want_f);
+            }
+        }
+    }
 }
 
 namespace {
