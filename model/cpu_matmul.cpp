@@ -30,8 +30,8 @@ struct job {
     int64_t n_rows, x_stride;
     float* y;
     int64_t y_stride;
-    // BF16 weights with x rows that are exactly bf16: those rows go through the bf16-x kernels
-    // (as quant::dot_row does for such rows), from x packed as bf16 bits.
+    // x rows that qualify for the bf16-x kernels of the weight type (BF16, MXFP4) go through
+    // them (as quant::dot_row does for such rows), from x packed by the kernel's `pack`.
     quant::detail::bf16x_kernel dotx{};
     const uint16_t* xb = nullptr;  // n_rows x in_cols
     const uint8_t* x_exact = nullptr;
@@ -61,8 +61,8 @@ struct job {
     }
 };
 
-// x rows packed as bf16 bits, per thread and reused (a matmul never re-enters on its thread
-// while it runs, and workers only read the dispatcher's copy during the call).
+// x rows packed for the bf16-x kernels, per thread and reused (a matmul never re-enters on its
+// thread while it runs, and workers only read the dispatcher's copy during the call).
 struct packed_rows {
     std::vector<uint16_t> bits;
     std::vector<uint8_t> exact;
@@ -70,15 +70,14 @@ struct packed_rows {
 thread_local packed_rows t_packed;
 
 void use_bf16x(job& j, ggml_type type) {
-    if (type != ggml_type::bf16) return;
-    const quant::detail::bf16x_kernel k = quant::detail::pick_bf16x_kernel();
+    const quant::detail::bf16x_kernel k = quant::detail::pick_bf16x_kernel(type);
     if (!k.one) return;
     packed_rows& p = t_packed;
     p.bits.resize(size_t(j.n_rows * j.in_cols));
     p.exact.resize(size_t(j.n_rows));
     bool any = false;
     for (int64_t r = 0; r < j.n_rows; ++r) {
-        p.exact[size_t(r)] = quant::detail::pack_bf16_exact(j.x + r * j.x_stride, j.in_cols, p.bits.data() + r * j.in_cols);
+        p.exact[size_t(r)] = k.pack(j.x + r * j.x_stride, j.in_cols, p.bits.data() + r * j.in_cols);
         any = any || p.exact[size_t(r)];
     }
     if (!any) return;

@@ -446,12 +446,11 @@ void quantize_row(ggml_type type, const float* src, void* dst, int64_t n) {
 
 float dot_row(ggml_type type, const void* row, const float* x, int64_t n) {
     check_row(type, n);
-    if (type == ggml_type::bf16)
-        if (const detail::bf16x_kernel k = detail::pick_bf16x_kernel(); k.one) {
-            thread_local std::vector<uint16_t> xb;
-            xb.resize(size_t(n));
-            if (detail::pack_bf16_exact(x, n, xb.data())) return k.one(row, xb.data(), n);
-        }
+    if (const detail::bf16x_kernel k = detail::pick_bf16x_kernel(type); k.one) {
+        thread_local std::vector<uint16_t> xb;
+        xb.resize(size_t(n));
+        if (k.pack(x, n, xb.data())) return k.one(row, xb.data(), n);
+    }
     return detail::pick_row_kernel(type).one(row, x, n);
 }
 
@@ -531,12 +530,18 @@ const char* kernel_isa() { return kernels().isa; }
 
 namespace detail {
 
-bf16x_kernel pick_bf16x_kernel() {
-    static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+bf16x_kernel pick_bf16x_kernel(ggml_type type) {
+    static const bool has_bf16 = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+    static const bool has_vbmi = __builtin_cpu_supports("avx512vbmi");
     const kernel_set& k = kernels();
-    if (!has || (&k != &kAvx512 && &k != &kAvx512SingleRow)) return {};
-    // kAvx512SingleRow takes these one row at a time too.
-    return {dot_bf16x_avx512, &k == &kAvx512 ? dot4_bf16x_avx512 : four_by_one<uint16_t, dot_bf16x_avx512>};
+    if (!has_bf16 || (&k != &kAvx512 && &k != &kAvx512SingleRow)) return {};
+    const bool four = &k == &kAvx512;  // kAvx512SingleRow takes these one row at a time too
+    if (type == ggml_type::bf16)
+        return {dot_bf16x_avx512, four ? dot4_bf16x_avx512 : four_by_one<uint16_t, dot_bf16x_avx512>, pack_bf16_exact};
+    if (type == ggml_type::mxfp4 && has_vbmi)
+        return {dot_mxfp4_bf16x_avx512, four ? dot4_mxfp4_bf16x_avx512 : four_by_one<uint16_t, dot_mxfp4_bf16x_avx512>,
+                pack_mxfp4_bf16x_avx512};
+    return {};
 }
 
 bool pack_bf16_exact(const float* x, int64_t n, uint16_t* out) {

@@ -6,8 +6,10 @@
 // E8M0 scales (32x32 tiles for weights, 32-element blocks for engram rows) and FP4 E2M1 with
 // 32-element E8M0 scales, two adjacent elements per byte (element 2k low nibble, 2k+1 high).
 //
-// Kernels are vectorised with AVX2/FMA (plus AVX-512F for the quantized dots) when the CPU has
-// them (chosen once at run time) and fall back to scalar code; both paths are tested against each other and against independent values.
+// Kernels are vectorised with AVX2/FMA (plus AVX-512F for the quantized dots, and AVX-512 BF16
+// for BF16 and MXFP4 rows against an x of bf16 values; for MXFP4 with the fp32 kernel's bits)
+// when the CPU has them (chosen once at run time) and fall back to scalar code; both paths are
+// tested against each other and against independent values.
 // Thread safety: all functions are pure.
 #pragma once
 

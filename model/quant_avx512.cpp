@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "config/assert.h"
 #include "model/quant_internal.h"
@@ -324,6 +325,77 @@ MS_AVX512 void dot_mxfp4_rows(const uint8_t* w, int64_t stride, const float* x, 
     store_sums<R>(sums, out);
 }
 
+// ---------------------------------------------------------------- MXFP4 x BF16 (avx512_bf16)
+
+#define MS_AVX512_MXBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi,avx512bf16,avx2,fma,f16c")))
+
+// 32 words: the bf16 bits of kE2m1Doubled, twice (vpermw reads the low 5 bits of an index).
+struct e2m1_bf16_table {
+    uint16_t v[32] = {};
+    constexpr e2m1_bf16_table() {
+        for (int i = 0; i < 32; ++i) v[i] = uint16_t(std::bit_cast<uint32_t>(float(kE2m1Doubled[i % 16])) >> 16);
+    }
+};
+inline constexpr e2m1_bf16_table kE2m1Bf16;
+
+// vpermb indices from a ymm holding the 16 code bytes (low half) and them shifted right by 4
+// (high half): word 2i takes byte i (element i in its low nibble), word 2i + 1 byte 16 + i
+// (element i + 16). Both bytes of a word get the index; vpermw reads only the low one.
+struct pair_spread_table {
+    uint8_t v[64] = {};
+    constexpr pair_spread_table() {
+        for (int j = 0; j < 64; ++j) v[j] = uint8_t(j / 4 + (j / 2 % 2 ? 16 : 0));
+    }
+};
+inline constexpr pair_spread_table kPairSpread;
+
+// Block `blk` against its 32 x values packed in pairs (word 2i = x[i], word 2i+1 = x[i+16];
+// pack_mxfp4_bf16x_avx512): the codes as bf16 words in the same order (a 16-byte broadcast
+// load, so nothing past the block is read; a 256-bit shift of its high half; vpermb; a vpermw
+// lookup: two shuffles per block where mxfp4_block has three), then lane i's
+// lo_i * x[i] + hi_i * x[i+16] in one vdpbf16ps instead of a multiply and an FMA.
+// Why it is mxfp4_block's s bit for bit: a code times a bf16 x is exact in fp32 (8 significant
+// bits times at most 2), and a packed x is 0 or within [2^-100, 2^100], so every product and
+// every nonzero pair sum is a normal fp32 (DAZ/FTZ never apply) and nothing overflows. The
+// instruction's sum is then the one rounding of the exact sum whatever order it adds the two
+// products in, which is what fma(hi, x1, lo * x0) gives; starting it from -0 keeps the sign of
+// an exact zero as there (-0 only when both products are -0). The scale FMA is mxfp4_block's.
+MS_AVX512_MXBF16 inline __m512 mxfp4_bf16x_block(const uint8_t* blk, __m512i xp, __m512 acc) {
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 1)));
+    const __m256i halves = _mm256_srlv_epi16(both, _mm256_setr_epi32(0, 0, 0, 0, 0x40004, 0x40004, 0x40004, 0x40004));
+    const __m512i codes = _mm512_permutexvar_epi8(_mm512_loadu_si512(kPairSpread.v), _mm512_castsi256_si512(halves));
+    const __m512i wv = _mm512_permutexvar_epi16(codes, _mm512_loadu_si512(kE2m1Bf16.v));
+    const __m512 s = _mm512_dpbf16_ps(_mm512_set1_ps(-0.0f), reinterpret_cast<const __m512bh&>(wv),
+                                      reinterpret_cast<const __m512bh&>(xp));
+    return _mm512_fmadd_ps(s, _mm512_set1_ps(kE8m0Half.v[blk[0]]), acc);
+}
+
+// dot_mxfp4_rows with mxfp4_bf16x_block: the same accumulators in the same order.
+template <int R>
+MS_AVX512_MXBF16 void dot_mxfp4_bf16x_rows(const uint8_t* w, int64_t stride, const uint16_t* xp, int64_t n, float* out) {
+    MS_ASSERT(n >= 0 && n % kBlock == 0);
+    const int64_t nb = n / kBlock;
+    __m512 acc[R][2];
+    for (auto& row : acc)
+        for (auto& a : row) a = _mm512_setzero_ps();
+    int64_t ib = 0;
+    for (; ib + 2 <= nb; ib += 2) {
+        const __m512i x0 = _mm512_loadu_si512(xp + ib * kBlock), x1 = _mm512_loadu_si512(xp + ib * kBlock + kBlock);
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* blk = w + r * stride + ib * kMxBytes;
+            acc[r][0] = mxfp4_bf16x_block(blk, x0, acc[r][0]);
+            acc[r][1] = mxfp4_bf16x_block(blk + kMxBytes, x1, acc[r][1]);
+        }
+    }
+    if (ib < nb) {
+        const __m512i x0 = _mm512_loadu_si512(xp + ib * kBlock);
+        for (int r = 0; r < R; ++r) acc[r][0] = mxfp4_bf16x_block(w + r * stride + ib * kMxBytes, x0, acc[r][0]);
+    }
+    __m512 sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_add_ps(acc[r][0], acc[r][1]);
+    store_sums<R>(sums, out);
+}
+
 // Adapters from the templates to the dot_fn / dot4_fn signatures.
 template <void (*Rows1)(const uint8_t*, int64_t, const float*, int64_t, float*)>
 MS_AVX512 float one_row(const void* row, const float* x, int64_t n) {
@@ -379,6 +451,37 @@ MS_AVX512_BF16 float dot_bf16x_avx512(const void* row, const uint16_t* xb, int64
 MS_AVX512_BF16 void dot4_bf16x_avx512(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out) {
     MS_ASSERT(n >= 0);
     dot_bf16x_rows<4>(static_cast<const uint8_t*>(rows), stride, xb, n, out);
+}
+
+MS_AVX512_MXBF16 float dot_mxfp4_bf16x_avx512(const void* row, const uint16_t* xp, int64_t n) {
+    float out;
+    dot_mxfp4_bf16x_rows<1>(static_cast<const uint8_t*>(row), 0, xp, n, &out);
+    return out;
+}
+MS_AVX512_MXBF16 void dot4_mxfp4_bf16x_avx512(const void* rows, int64_t stride, const uint16_t* xp, int64_t n, float* out) {
+    dot_mxfp4_bf16x_rows<4>(static_cast<const uint8_t*>(rows), stride, xp, n, out);
+}
+
+// Per 32 values: the bf16 halves of x[i] and x[i+16] side by side in dword i (a shift and a
+// masked merge), after the qualification tests (low halves, then the magnitudes of the nonzero
+// values); the first block that fails ends it (x that is not bf16 costs one block).
+MS_AVX512 bool pack_mxfp4_bf16x_avx512(const float* x, int64_t n, uint16_t* out) {
+    MS_ASSERT(n >= 0 && n % kBlock == 0);
+    const __m512i low_half = _mm512_set1_epi32(0xffff), magnitude = _mm512_set1_epi32(0x7fffffff);
+    const __m512i least = _mm512_set1_epi32(int(std::bit_cast<uint32_t>(kBf16xMin)));
+    const __m512i span = _mm512_set1_epi32(int(std::bit_cast<uint32_t>(kBf16xMax) - std::bit_cast<uint32_t>(kBf16xMin)));
+    for (int64_t b = 0; b < n; b += kBlock) {
+        const __m512i lo = _mm512_loadu_si512(x + b), hi = _mm512_loadu_si512(x + b + 16);
+        // Nonzero magnitudes outside [least, least + span]: one unsigned compare of m - least.
+        const __m512i mlo = _mm512_and_si512(lo, magnitude), mhi = _mm512_and_si512(hi, magnitude);
+        const __mmask16 bad = _mm512_test_epi32_mask(_mm512_or_si512(lo, hi), low_half) |
+                              _mm512_mask_cmpgt_epu32_mask(_mm512_test_epi32_mask(mlo, mlo), _mm512_sub_epi32(mlo, least), span) |
+                              _mm512_mask_cmpgt_epu32_mask(_mm512_test_epi32_mask(mhi, mhi), _mm512_sub_epi32(mhi, least), span);
+        if (bad) return false;
+        // dword i = (x[i] >> 16) | (x[i+16] & 0xffff0000): ternary logic A | (B & C) = 0xf8.
+        _mm512_storeu_si512(out + b, _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi, _mm512_set1_epi32(int(0xffff0000u)), 0xf8));
+    }
+    return true;
 }
 
 }  // namespace moestream::quant::detail

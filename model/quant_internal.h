@@ -85,24 +85,39 @@ void dot4_bf16_avx512(const void* rows, int64_t stride, const float* x, int64_t 
 void dot4_q8_0_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
 void dot4_mxfp4_avx512(const void* rows, int64_t stride, const float* x, int64_t n, float* out);
 
-// BF16 rows against an x whose every value is a bf16 (passed as its bf16 bits): AVX-512 BF16 dot
-// products, exact products summed in fp32 (the instruction treats denormal inputs as zero, far
-// below anything a logit can show), several times fewer instructions than widening the
-// weights (decode's LM head and routers: their inputs are norm outputs rounded to bf16). Only
-// with avx512_bf16; the dispatcher uses them exactly when x qualifies (pack_bf16_exact), for
-// dot_row and matmul alike, so a value still depends only on (row, x).
+// Kernels for rows against an x whose every value is a bf16, passed as bf16 bits in a layout of
+// the kernel's (its `pack` writes it, and says whether x qualifies), on CPUs with avx512_bf16.
+// The dispatcher uses them exactly when x qualifies, for dot_row and matmul alike, so a value
+// still depends only on (row, x). Decode's activations are norm outputs rounded to bf16.
+//  - BF16 rows (pack_bf16_exact: x in order): AVX-512 BF16 dot products, exact products summed
+//    in fp32 (the instruction treats denormal inputs as zero, far below anything a logit can
+//    show), several times fewer instructions than widening the weights (LM head, routers).
+//  - MXFP4 rows (pack_mxfp4_bf16x_avx512: x in pairs, stricter qualification): the same bits as
+//    dot_mxfp4_avx512, with fewer shuffles (quant_avx512.cpp says why they are equal). Also
+//    needs avx512_vbmi.
 using dot_bf16x_fn = float (*)(const void* row, const uint16_t* xb, int64_t n);
 using dot4_bf16x_fn = void (*)(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out);
+// True when x qualifies; then out (n values) holds x in the kernel's layout (else anything).
+using pack_bf16x_fn = bool (*)(const float* x, int64_t n, uint16_t* out);
 struct bf16x_kernel {
     dot_bf16x_fn one = nullptr;
     dot4_bf16x_fn four = nullptr;
+    pack_bf16x_fn pack = nullptr;
 };
 float dot_bf16x_avx512(const void* row, const uint16_t* xb, int64_t n);
 void dot4_bf16x_avx512(const void* rows, int64_t stride, const uint16_t* xb, int64_t n, float* out);
-// The dispatcher's bf16-x kernels; empty when the kernel set in use has none.
-bf16x_kernel pick_bf16x_kernel();
+float dot_mxfp4_bf16x_avx512(const void* row, const uint16_t* xp, int64_t n);
+void dot4_mxfp4_bf16x_avx512(const void* rows, int64_t stride, const uint16_t* xp, int64_t n, float* out);
+// The dispatcher's bf16-x kernels for rows of `type`; empty when the kernel set in use has none.
+bf16x_kernel pick_bf16x_kernel(ggml_type type);
 // True when every x[i] is exactly a bf16 (the low 16 bits of its fp32 are zero); then out[i]
 // holds its bf16 bits. NaN payloads that do not survive count as not exact.
 bool pack_bf16_exact(const float* x, int64_t n, uint16_t* out);
+// Bounds on the nonzero |x| of pack_mxfp4_bf16x_avx512.
+inline constexpr float kBf16xMin = 0x1p-100f, kBf16xMax = 0x1p100f;
+// True when every x[i] is a bf16 that is zero or has kBf16xMin <= |x[i]| <= kBf16xMax (so no
+// inf, NaN or subnormal); then out holds x in pairs per 32-value block: word 2i = x[i] and word
+// 2i + 1 = x[i + 16] (bf16 bits). n % 32 == 0. Only call when the CPU has avx512f/bw/vl.
+bool pack_mxfp4_bf16x_avx512(const float* x, int64_t n, uint16_t* out);
 
 }  // namespace moestream::quant::detail

@@ -3,7 +3,8 @@
 // per weight matrix per token, so the fraction of read bandwidth is the number that matters.
 // One thread times the single-threaded moestream::matmul; --threads N the pooled one, as decode runs it;
 // --decode times many distinct matrices of the --rows x --cols shape, one matmul call each, as
-// decode streams its small weight matrices.
+// decode streams its small weight matrices. x is random fp32; --bf16-x rounds it to bf16, as
+// decode's norm outputs are, so the bf16-x kernels (BF16 and MXFP4 rows) are what is timed.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "config/assert.h"
 #include "config/dtype.h"
+#include "model/bf16.h"
 #include "model/cpu_matmul.h"
 #include "model/memory_bandwidth.h"
 #include "model/quant.h"
@@ -35,6 +37,7 @@ const cli::option_spec kOptions[] = {
     {"type", "T", "one of F32, F16, BF16, Q8_0, MXFP4 (default: all of them)"},
     {"reps", "N", "timed repetitions, the best is reported (default 5)"},
     {"scalar", "", "force the scalar kernels"},
+    {"bf16-x", "", "round x to bf16 (decode's activations): BF16 and MXFP4 then time the bf16-x kernels"},
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -98,6 +101,15 @@ std::vector<uint8_t> make_matrix(ggml_type type, int64_t rows, int64_t cols) {
     return m;
 }
 
+// The activation row: random fp32 values (none a bf16), or all rounded to bf16.
+std::vector<float> make_x(int64_t cols, bool bf16) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = bf16 ? round_to_bf16(dist(rng)) : dist(rng);
+    return x;
+}
+
 struct gemv_result {
     size_t bytes;  // of weights per pass
     double seconds;
@@ -120,9 +132,9 @@ gemv_result time_passes(size_t bytes, int reps, Pass&& pass) {
 }
 
 // One rows x cols matrix: the single-threaded matmul on one thread, the pooled one on more.
-gemv_result time_gemv(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps) {
+gemv_result time_gemv(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps, bool bf16_x) {
     const auto w = make_matrix(type, rows, cols);
-    std::vector<float> x(static_cast<size_t>(cols), 0.5f);
+    const auto x = make_x(cols, bf16_x);
     std::vector<float> y(static_cast<size_t>(rows));
     if (pool.size() == 1)
         return time_passes(w.size(), reps, [&] { matmul(type, w.data(), rows, cols, x.data(), 1, cols, y.data(), rows); });
@@ -137,13 +149,13 @@ constexpr size_t kDecodeBytes = size_t(512) << 20;
 
 // Distinct rows x cols matrices filling kDecodeBytes, one pooled matmul call each, so the time
 // includes what decode pays per call (waking the pool, short chunks, row tails).
-gemv_result time_decode_like(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps) {
+gemv_result time_decode_like(thread_pool& pool, ggml_type type, int64_t rows, int64_t cols, int reps, bool bf16_x) {
     const int64_t mat_bytes = rows * row_bytes(dtype_info(type), cols);
     const int64_t count = std::max<int64_t>(1, int64_t(kDecodeBytes) / mat_bytes);
     const auto one = make_matrix(type, rows, cols);
     std::vector<uint8_t> w(size_t(count * mat_bytes));
     for (int64_t m = 0; m < count; ++m) std::memcpy(w.data() + m * mat_bytes, one.data(), size_t(mat_bytes));
-    std::vector<float> x(static_cast<size_t>(cols), 0.5f);
+    const auto x = make_x(cols, bf16_x);
     std::vector<float> y(static_cast<size_t>(rows));
     return time_passes(w.size(), reps, [&] {
         for (int64_t m = 0; m < count; ++m)
@@ -153,6 +165,7 @@ gemv_result time_decode_like(thread_pool& pool, ggml_type type, int64_t rows, in
 
 int run(const cli::args& a) {
     const bool decode = a.flag("decode");
+    const bool bf16_x = a.flag("bf16-x");
     auto rows = a.get_int("rows", decode ? 1024 : 16384);
     if (!rows) return usage_error(kName, rows.message());
     auto cols = a.get_int("cols", decode ? 1024 : 8192);
@@ -176,22 +189,24 @@ int run(const cli::args& a) {
 
     thread_pool pool{static_cast<int>(*threads)};
     const long long nr = *rows, nc = *cols;
+    const char* x_kind = bf16_x ? "bf16" : "fp32";
     double mem = 0;
     if (pool.size() == 1 && !decode) {
         mem = read_bandwidth(size_t(512) << 20, int(*reps));
         std::printf("memory read (sum of 512 MiB, 1 thread): %.2f GB/s\n", mem);
-        std::printf("gemv %lld x %lld, 1 thread, isa %s\n", nr, nc, quant::kernel_isa());
+        std::printf("gemv %lld x %lld, 1 thread, isa %s, x %s\n", nr, nc, quant::kernel_isa(), x_kind);
     } else {
         mem = measure_read_bandwidth(pool, size_t(512) << 20, int(*reps)) / 1e9;
         std::printf("memory read (sum of 512 MiB, %d threads): %.2f GB/s\n", pool.size(), mem);
         if (decode)
-            std::printf("decode-like: distinct %lld x %lld matrices, %zu MiB per pass, one matmul call each, %d threads, isa %s\n",
-                        nr, nc, kDecodeBytes >> 20, pool.size(), quant::kernel_isa());
-        else std::printf("matmul %lld x %lld, 1 x row, %d threads, isa %s\n", nr, nc, pool.size(), quant::kernel_isa());
+            std::printf("decode-like: distinct %lld x %lld matrices, %zu MiB per pass, one matmul call each, %d threads, isa %s, x %s\n",
+                        nr, nc, kDecodeBytes >> 20, pool.size(), quant::kernel_isa(), x_kind);
+        else std::printf("matmul %lld x %lld, 1 x row, %d threads, isa %s, x %s\n", nr, nc, pool.size(), quant::kernel_isa(), x_kind);
     }
     std::printf("%-6s %10s %10s %9s %9s\n", "type", "MiB", "ms", "GB/s", "of read");
     for (ggml_type t : types) {
-        const auto r = decode ? time_decode_like(pool, t, *rows, *cols, int(*reps)) : time_gemv(pool, t, *rows, *cols, int(*reps));
+        const auto r = decode ? time_decode_like(pool, t, *rows, *cols, int(*reps), bf16_x)
+                              : time_gemv(pool, t, *rows, *cols, int(*reps), bf16_x);
         const double mib = double(r.bytes) / (1 << 20);
         const auto name = dtype_name(t);
         std::printf("%-6.*s %10.1f %10.2f %9.2f %8.0f%%\n", int(name.size()), name.data(), mib, r.seconds * 1e3,
@@ -201,7 +216,7 @@ int run(const cli::args& a) {
     return 0;
 }
 
-const command kCommand{kName, "[--rows N] [--cols N] [--threads N] [--decode] [--type T] [--reps N] [--scalar]",
+const command kCommand{kName, "[--rows N] [--cols N] [--threads N] [--decode] [--type T] [--reps N] [--scalar] [--bf16-x]",
                        "Measures gemv throughput per weight type (GB/s of weight bytes) against a plain "
                        "memory-read bandwidth with as many threads.",
                        kOptions, run};

@@ -13,6 +13,7 @@
 #include "model/bf16.h"
 #include "model/memory_bandwidth.h"
 #include "model/quant.h"
+#include "model/quant_internal.h"
 #include "model/thread_pool.h"
 #include "tests/common/test_support.h"
 
@@ -233,6 +234,45 @@ BOOST_AUTO_TEST_CASE(bf16_rows_with_bf16_exact_x) {
                         mag += std::fabs(p);
                     }
                     BOOST_REQUIRE(std::fabs(got - ref) <= 1e-5 * mag);
+                }
+            }
+        }
+    }
+}
+
+// MXFP4 rows: x rows that qualify (bf16 values, none nonzero below 2^-100 or above 2^100) take
+// the bf16-x kernels on CPUs with avx512_bf16 and avx512_vbmi, the others the fp32 kernels, row
+// by row; both give the fp32 kernel's bits, so a batch mixing them equals the dispatcher's fp32
+// row kernel, dot_row and each row alone, for every thread count.
+BOOST_AUTO_TEST_CASE(mxfp4_rows_with_bf16_exact_x) {
+    if (!quant::detail::pick_bf16x_kernel(ggml_type::mxfp4).one)
+        BOOST_TEST_MESSAGE("no MXFP4 bf16-x kernels on this CPU: every row takes the fp32 kernel");
+    thread_pool p1(1), p3(3);
+    thread_pool* pools[] = {nullptr, &p1, &p3};
+    const quant::detail::row_kernel fp32 = quant::detail::pick_row_kernel(ggml_type::mxfp4);
+    uint32_t seed = 1300;
+    for (shape s : kShapes) {
+        const matrix m = make_matrix(ggml_type::mxfp4, s, ++seed);
+        const int64_t n_rows = 5, x_stride = s.in_cols + 3, y_stride = s.out_rows + 1;
+        auto x = make_x(n_rows, s.in_cols, x_stride, ++seed);
+        // Rows 0, 2, 3 and 4 bf16 (1 is not); row 3 also holds a value below 2^-100, row 4 one above
+        // 2^100, so only rows 0 and 2 qualify.
+        for (int64_t r : {0, 2, 3, 4})
+            for (int64_t i = 0; i < s.in_cols; ++i) x[size_t(r * x_stride + i)] = round_to_bf16(x[size_t(r * x_stride + i)]);
+        x[size_t(3 * x_stride + s.in_cols / 2)] = 0x1p-110f;
+        x[size_t(4 * x_stride + 1)] = -0x1p101f;
+        for (thread_pool* pool : pools) {
+            const auto y = run(pool, m, x, n_rows, x_stride, y_stride);
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const float* xr = x.data() + r * x_stride;
+                const auto alone = run(pool, m, std::vector<float>(xr, xr + s.in_cols), 1, s.in_cols, s.out_rows);
+                for (int64_t o = 0; o < s.out_rows; ++o) {
+                    const uint8_t* row = m.bytes.data() + o * m.row_bytes;
+                    const float got = y[size_t(r * y_stride + o)];
+                    BOOST_REQUIRE_MESSAGE(same_bits(got, fp32.one(row, xr, s.in_cols)) &&
+                                              same_bits(got, quant::dot_row(ggml_type::mxfp4, row, xr, s.in_cols)) &&
+                                              same_bits(got, alone[size_t(o)]),
+                                          s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
                 }
             }
         }

@@ -506,6 +506,232 @@ BOOST_AUTO_TEST_CASE(avx512_four_row_kernels_equal_one_row_on_any_vendor) {
         }
 }
 
+// ---------------------------------------------------------------- MXFP4 x bf16 (avx512_bf16)
+
+bool cpu_has_mxfp4_bf16x() {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512bf16");
+}
+
+// Precondition: the case is reported skipped, with the reason, on CPUs without the kernels.
+boost::test_tools::assertion_result needs_mxfp4_bf16x(boost::unit_test::test_unit_id) {
+    boost::test_tools::assertion_result r(cpu_has_mxfp4_bf16x());
+    if (!r) r.message() << "skipped: the CPU lacks AVX-512 F/BW/VL/VBMI/BF16";
+    return r;
+}
+
+float bits_to_f32(uint32_t u) { return std::bit_cast<float>(u); }
+
+// The pair layout written out: per 32-value block, word 2i = bf16 bits of x[i], word 2i + 1 of
+// x[i + 16].
+std::vector<uint16_t> ref_pairs(const std::vector<float>& x) {
+    std::vector<uint16_t> p(x.size());
+    for (size_t b = 0; b < x.size(); b += 32)
+        for (size_t i = 0; i < 16; ++i) {
+            p[b + 2 * i] = uint16_t(std::bit_cast<uint32_t>(x[b + i]) >> 16);
+            p[b + 2 * i + 1] = uint16_t(std::bit_cast<uint32_t>(x[b + i + 16]) >> 16);
+        }
+    return p;
+}
+
+// n bf16 values whose magnitudes are 2^e times a random 8-bit significand in [1, 2), e uniform
+// in [lo_exp, hi_exp], with random signs and about one in eight an exact zero of either sign.
+std::vector<float> random_bf16(size_t n, uint32_t seed, int lo_exp, int hi_exp) {
+    std::mt19937 rng(seed);
+    std::vector<float> x(n);
+    for (auto& v : x) {
+        const uint32_t r = rng();
+        if (r % 8 == 0) {
+            v = r & 8 ? -0.0f : 0.0f;
+            continue;
+        }
+        const int e = lo_exp + int((r >> 4) % uint32_t(hi_exp - lo_exp + 1));
+        v = std::ldexp(float(128 + ((r >> 12) & 127)) / 128.0f, e) * ((r >> 20) & 1 ? -1.0f : 1.0f);
+    }
+    return x;
+}
+
+// Every way the bf16-x MXFP4 kernels can compute rows of `q` against x (one row, four rows at
+// every alignment, dot_row's dispatch) gives the fp32 kernel's bits, NaN and infinities included.
+void check_mxfp4_bf16x_rows(const std::vector<uint8_t>& q, int64_t rows, const std::vector<float>& x,
+                            const std::string& what) {
+    const int64_t n = int64_t(x.size()), rb = row_bytes(dtype_info(ggml_type::mxfp4), n);
+    std::vector<uint16_t> xp(x.size());
+    BOOST_TEST_REQUIRE(detail::pack_mxfp4_bf16x_avx512(x.data(), n, xp.data()), what);
+    BOOST_TEST_REQUIRE((xp == ref_pairs(x)), what);
+    std::vector<float> want(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+        want[size_t(r)] = detail::dot_mxfp4_avx512(q.data() + r * rb, x.data(), n);
+        const float one = detail::dot_mxfp4_bf16x_avx512(q.data() + r * rb, xp.data(), n);
+        const float routed = dot_row(ggml_type::mxfp4, q.data() + r * rb, x.data(), n);
+        BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(one) == std::bit_cast<uint32_t>(want[size_t(r)]),
+                           what << " n=" << n << " row " << r << ": " << one << " vs " << want[size_t(r)]);
+        BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(routed) == std::bit_cast<uint32_t>(want[size_t(r)]), what << " dot_row");
+    }
+    for (int64_t first = 0; first + 4 <= rows; ++first) {
+        float four[4];
+        detail::dot4_mxfp4_bf16x_avx512(q.data() + first * rb, rb, xp.data(), n, four);
+        for (int64_t r = 0; r < 4; ++r)
+            BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(four[r]) == std::bit_cast<uint32_t>(want[size_t(first + r)]),
+                               what << " four-row n=" << n << " row " << first + r);
+    }
+}
+
+// The dispatcher hands MXFP4 rows to the bf16-x kernels exactly where the CPU has them.
+BOOST_AUTO_TEST_CASE(mxfp4_bf16x_dispatch) {
+    const detail::bf16x_kernel k = detail::pick_bf16x_kernel(ggml_type::mxfp4);
+    if (!cpu_has_mxfp4_bf16x() || std::string(kernel_isa()) != "avx512") {
+        BOOST_TEST((k.one == nullptr));
+        BOOST_TEST_MESSAGE("no AVX-512 BF16/VBMI kernel set on this CPU: MXFP4 rows take the fp32 kernels");
+        return;
+    }
+    BOOST_TEST_REQUIRE((k.one == &detail::dot_mxfp4_bf16x_avx512));
+    BOOST_TEST((k.pack == &detail::pack_mxfp4_bf16x_avx512));
+    BOOST_TEST((k.four != nullptr));
+    BOOST_TEST((detail::pick_bf16x_kernel(ggml_type::q8_0).one == nullptr));
+    scalar_guard g(true);
+    BOOST_TEST((detail::pick_bf16x_kernel(ggml_type::mxfp4).one == nullptr));
+}
+
+// x qualifies when every value is a bf16 that is 0 or has 2^-100 <= |x| <= 2^100; one value that
+// is not, in either half of any block, disqualifies the whole vector.
+BOOST_AUTO_TEST_CASE(mxfp4_bf16x_pack_qualifies_and_lays_out_pairs, *boost::unit_test::precondition(needs_mxfp4_bf16x)) {
+    auto x = random_bf16(32 * 5, 21, -100, 99);
+    x[3] = 0x1p-100f;
+    x[20] = -0x1p-100f;
+    x[40] = 0x1p100f;
+    x[63] = -0x1p100f;
+    x[70] = 0.0f;
+    x[71] = -0.0f;
+    std::vector<uint16_t> xp(x.size());
+    BOOST_TEST_REQUIRE(detail::pack_mxfp4_bf16x_avx512(x.data(), int64_t(x.size()), xp.data()));
+    BOOST_TEST((xp == ref_pairs(x)));
+    const float bad[] = {bits_to_f32(std::bit_cast<uint32_t>(1.5f) | 1u),       // low bits set
+                         bits_to_f32(std::bit_cast<uint32_t>(-3.0f) | 0x8000u),  // low bits set
+                         0x1p-101f, -0x1.fep-101f,                              // tiny
+                         bits_to_f32(0x00010000u), bits_to_f32(0x807f0000u),    // subnormal bf16
+                         0x1.02p100f, -0x1p101f, 0x1p127f,                      // huge
+                         INFINITY, -INFINITY, std::numeric_limits<float>::quiet_NaN(), bits_to_f32(0xff810000u)};
+    for (float v : bad)
+        for (size_t pos : {size_t(0), size_t(15), size_t(16), size_t(31), size_t(32 * 4 + 17)}) {
+            auto y = x;
+            y[pos] = v;
+            BOOST_TEST_REQUIRE(!detail::pack_mxfp4_bf16x_avx512(y.data(), int64_t(y.size()), xp.data()),
+                               "value bits " << std::hex << std::bit_cast<uint32_t>(v) << std::dec << " at " << pos);
+        }
+    BOOST_TEST(detail::pack_mxfp4_bf16x_avx512(x.data(), 0, xp.data()));  // nothing to disqualify
+}
+
+// All 256 code bytes (so every (element i, element i + 16) pair of E2M1 codes) under every e8m0
+// scale, against x of ordinary and of extreme magnitudes: the fp32 kernel's bits, including the
+// infinities and NaNs that the largest scales and e = 0xff produce.
+BOOST_AUTO_TEST_CASE(mxfp4_bf16x_equals_fp32_kernel_on_every_code_pair_and_scale,
+                     *boost::unit_test::precondition(needs_mxfp4_bf16x)) {
+    constexpr int64_t n = 32 * 16, rows = 5;
+    const std::vector<std::vector<float>> xs{random_bf16(n, 31, -3, 2), random_bf16(n, 32, -100, 99),
+                                             random_bf16(n, 33, -100, -90), random_bf16(n, 34, 90, 99)};
+    for (int e = 0; e < 256; ++e) {
+        // Row r: block k holds code bytes 16k + j, rotated by r blocks and reversed on odd rows.
+        std::vector<uint8_t> q(size_t(rows * 16 * 17));
+        for (int64_t r = 0; r < rows; ++r)
+            for (int k = 0; k < 16; ++k) {
+                uint8_t* blk = q.data() + (r * 16 + k) * 17;
+                blk[0] = uint8_t(e);
+                for (int j = 0; j < 16; ++j) {
+                    const int byte = 16 * ((k + r) % 16) + j;
+                    blk[1 + j] = uint8_t(r % 2 ? 255 - byte : byte);
+                }
+            }
+        for (size_t i = 0; i < xs.size(); ++i) check_mxfp4_bf16x_rows(q, rows, xs[i], "e=" + std::to_string(e) + " x" + std::to_string(i));
+    }
+}
+
+// Random matrices of 1 to 40 blocks a row and decode's widths, from random bytes with the scales
+// of trained weights and from quantized values.
+BOOST_AUTO_TEST_CASE(mxfp4_bf16x_equals_fp32_kernel_on_random_rows, *boost::unit_test::precondition(needs_mxfp4_bf16x)) {
+    constexpr int64_t rows = 7;  // every alignment of a four-row pass, and single rows
+    std::vector<int64_t> blocks;
+    for (int64_t nb = 1; nb <= 40; ++nb) blocks.push_back(nb);
+    for (int64_t nb : {64, 128, 224}) blocks.push_back(nb);
+    for (int64_t nb : blocks)
+        for (uint32_t trial = 0; trial < 3; ++trial) {
+        const int64_t n = nb * 32;
+        const uint32_t seed = uint32_t(41 * nb + 7 * trial);
+        auto q = random_bytes(size_t(rows * nb * 17), seed);
+        const auto scales = random_bytes(size_t(rows * nb), seed + 1);
+        for (size_t b = 0; b < scales.size(); ++b) q[b * 17] = uint8_t(100 + scales[b] % 41);  // 2^-28 .. 2^12
+        const auto quantized_rows = quantized(ggml_type::mxfp4, random_floats(size_t(rows * n), seed + 2, 0.05f), rows, n);
+        auto x = random_floats(size_t(n), seed + 3, 3.0f);
+        for (auto& v : x) v = round_to_bf16(v);
+        check_mxfp4_bf16x_rows(q, rows, x, "random bytes");
+        check_mxfp4_bf16x_rows(quantized_rows, rows, x, "quantized");
+        check_mxfp4_bf16x_rows(q, rows, random_bf16(size_t(n), seed + 4, -100, 99), "random bytes, wide x");
+        }
+}
+
+// An exact zero keeps the fp32 kernel's sign: blocks that underflow to -0 leave every accumulator
+// lane at -0, then all-zero codes against negative x add -0 (the fp32 kernel's lo * x + hi * x
+// sum is -0 there), so the row's value is -0 only if the bf16-x kernel's pair sums are -0 too.
+BOOST_AUTO_TEST_CASE(mxfp4_bf16x_keeps_the_sign_of_zero, *boost::unit_test::precondition(needs_mxfp4_bf16x)) {
+    constexpr int64_t nb = 5, n = nb * 32;
+    std::vector<uint8_t> q(size_t(4 * nb * 17), 0);  // blocks 2..4: scale 2^-128, every code 0
+    for (int64_t r = 0; r < 4; ++r)
+        for (int64_t b = 0; b < 2; ++b) {
+            uint8_t* blk = q.data() + (r * nb + b) * 17;
+            blk[0] = 0;  // scale 2^-128
+            for (int j = 0; j < 16; ++j) blk[1 + j] = 0x01;  // element j: code 1, element j + 16: code 0
+        }
+    std::vector<float> x(size_t(n), -1.0f);
+    for (int64_t i = 0; i < 64; ++i) x[size_t(i)] = -0x1p-100f;  // -2^-100 * 2^-128 rounds to -0
+    const float fp32 = detail::dot_mxfp4_avx512(q.data(), x.data(), n);
+    BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(fp32) == 0x80000000u);  // the case arises
+    check_mxfp4_bf16x_rows(q, 4, x, "signed zeros");
+}
+
+// x that does not qualify (low bits set, tiny, subnormal or huge values) takes the fp32 kernel in
+// dot_row and matmul: the fp32 kernel's bits, where the bf16-x kernel would treat a subnormal as 0
+// or, with products that overflow, could add them in another order.
+BOOST_AUTO_TEST_CASE(mxfp4_unqualified_x_takes_the_fp32_kernel) {
+    {
+        // 12 * 2^127 overflows to +inf first in the fp32 kernel; -12 * 2^127 then keeps it +inf.
+        std::array<uint8_t, 17> blk{};
+        blk[0] = 127;
+        blk[1] = 0xf7;  // element 0: code 7 (doubled 12), element 16: code 15 (doubled -12)
+        std::array<float, 32> x{};
+        x[0] = x[16] = 0x1p127f;
+        const float want = detail::pick_row_kernel(ggml_type::mxfp4).one(blk.data(), x.data(), 32);
+        BOOST_TEST(want == INFINITY);
+        BOOST_TEST(std::bit_cast<uint32_t>(dot_row(ggml_type::mxfp4, blk.data(), x.data(), 32)) == std::bit_cast<uint32_t>(want));
+        // A subnormal x (a bf16: 2^-127) times code 1, scaled by 2^126: 0.5, not 0.
+        blk[0] = 254;
+        blk[1] = 0x01;
+        x[0] = bits_to_f32(0x00400000u);
+        x[16] = 0.0f;
+        BOOST_TEST(dot_row(ggml_type::mxfp4, blk.data(), x.data(), 32) == 0.5f);
+    }
+    constexpr int64_t rows = 6, n = 32 * 9;
+    const auto q = quantized(ggml_type::mxfp4, random_floats(size_t(rows * n), 51, 2.0f), rows, n);
+    const int64_t rb = row_bytes(dtype_info(ggml_type::mxfp4), n);
+    const detail::row_kernel fp32 = detail::pick_row_kernel(ggml_type::mxfp4);
+    auto base = random_floats(size_t(n), 52);
+    for (auto& v : base) v = round_to_bf16(v);
+    const float odd[] = {bits_to_f32(std::bit_cast<uint32_t>(0.75f) | 0x10u), 0x1p-101f, bits_to_f32(0x00400000u), 0x1p101f,
+                         0x1p127f};
+    for (float v : odd)
+        for (size_t pos : {size_t(5), size_t(16 + 5), size_t(n - 1)}) {
+            auto x = base;
+            x[pos] = v;
+            std::vector<float> y(size_t(rows), NAN);
+            moestream::matmul(ggml_type::mxfp4, q.data(), rows, n, x.data(), 1, n, y.data(), rows);
+            for (int64_t r = 0; r < rows; ++r) {
+                const float want = fp32.one(q.data() + r * rb, x.data(), n);
+                BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(dot_row(ggml_type::mxfp4, q.data() + r * rb, x.data(), n)) ==
+                                   std::bit_cast<uint32_t>(want));
+                BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(y[size_t(r)]) == std::bit_cast<uint32_t>(want));
+            }
+        }
+}
+
 BOOST_AUTO_TEST_CASE(dequantize_f16_paths_agree) {
     std::vector<uint8_t> raw = random_bytes(2 * 77, 9);
     std::vector<float> a(77), b(77);
