@@ -70,6 +70,29 @@ MS_AVX512 inline void store_sums(const __m512 (&v)[R], float* out) {
     else hsum4(v, out);
 }
 
+// ---------------------------------------------------------------- software prefetch
+
+// A GEMV pass gives each thread a short run of consecutive rows (tens of KiB), and the hardware
+// prefetchers ramp up too slowly for that: on the H200 host's Xeon a decode-like pass (1 MiB of
+// Q8_0, 16 threads) read 60 GB/s, a plain read of the same bytes 110 GB/s, and the kernel with
+// this prefetch 105 GB/s. So each kernel prefetches (to L2), next to the bytes it reads, the same
+// offsets one row group further on (the rows its next call takes), at least kPrefetchMin bytes
+// ahead. Prefetches never fault; addresses past the weights are formed as integers.
+constexpr int64_t kPrefetchMin = 4096;
+
+// Bytes ahead for a kernel over R rows `stride` apart (R = 1: the next row follows this one).
+inline int64_t prefetch_distance(int R, int64_t stride, int64_t row_bytes) {
+    const int64_t group = R == 1 ? row_bytes : R * stride;
+    if (group <= 0) return kPrefetchMin;
+    return group * ((kPrefetchMin + group - 1) / group);
+}
+
+// Prefetches [p + ahead, p + ahead + bytes) to L2, a line per 64 bytes.
+MS_AVX512 inline void prefetch_ahead(const uint8_t* p, int64_t ahead, int64_t bytes) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead);
+    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(at + uintptr_t(o)), _MM_HINT_T1);
+}
+
 // First m bits set (m <= 32).
 inline __mmask32 low_mask32(int64_t m) { return m >= 32 ? ~__mmask32(0) : __mmask32((1u << m) - 1); }
 inline __mmask16 low_mask16(int64_t m) { return __mmask16(low_mask32(std::clamp<int64_t>(m, 0, 16))); }
@@ -100,12 +123,14 @@ MS_AVX512 void dot_dense_rows(const uint8_t* w, int64_t stride, const float* x, 
     __m512 acc[R][4];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, n * Fmt::kBytes);
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         __m512 xv[4];
         for (int k = 0; k < 4; ++k) xv[k] = _mm512_loadu_ps(x + i + 16 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + i * Fmt::kBytes;
+            prefetch_ahead(p, ahead, 64 * Fmt::kBytes);
             for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_fmadd_ps(Fmt::load(p + 16 * k * Fmt::kBytes), xv[k], acc[r][k]);
         }
     }
@@ -149,12 +174,14 @@ MS_AVX512 void dot_bf16_rows(const uint8_t* w, int64_t stride, const float* x, i
     __m512 acc[R][4];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, 2 * n);
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
         const pair32 x0 = split_x(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i + 16));
         const pair32 x1 = split_x(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(x + i + 48));
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + 2 * i;
+            prefetch_ahead(p, ahead, 128);
             const pair32 a = widen_bf16x32(_mm512_loadu_si512(p));
             const pair32 b = widen_bf16x32(_mm512_loadu_si512(p + 64));
             acc[r][0] = _mm512_fmadd_ps(a.even, x0.even, acc[r][0]);
@@ -195,12 +222,14 @@ MS_AVX512_BF16 void dot_bf16x_rows(const uint8_t* w, int64_t stride, const uint1
     __m512 acc[R][4];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, 2 * n);
     int64_t i = 0;
     for (; i + 128 <= n; i += 128) {
         __m512i xv[4];
         for (int k = 0; k < 4; ++k) xv[k] = _mm512_loadu_si512(xb + i + 32 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + 2 * i;
+            prefetch_ahead(p, ahead, 256);
             for (int k = 0; k < 4; ++k) acc[r][k] = dp_bf16(acc[r][k], _mm512_loadu_si512(p + 64 * k), xv[k]);
         }
     }
@@ -252,6 +281,7 @@ MS_AVX512 void dot_q8_0_rows(const uint8_t* w, int64_t stride, const float* x, i
     __m512 acc[R][2];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, nb * kQ8Bytes);
     for (int64_t g = 0; g < nb; g += kScaleGroup) {
         const int64_t m = std::min(kScaleGroup, nb - g);  // g is even, so block parity is j's
         alignas(64) float d[R][kScaleGroup];
@@ -263,6 +293,7 @@ MS_AVX512 void dot_q8_0_rows(const uint8_t* w, int64_t stride, const float* x, i
             const __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w + r * stride + (g + j) * kQ8Bytes;
+                prefetch_ahead(blk, ahead, 2 * kQ8Bytes);
                 acc[r][0] = q8_0_block(blk, x0, x1, d[r][j], acc[r][0]);
                 acc[r][1] = q8_0_block(blk + kQ8Bytes, x2, x3, d[r][j + 1], acc[r][1]);
             }
@@ -304,6 +335,7 @@ MS_AVX512 void dot_mxfp4_rows(const uint8_t* w, int64_t stride, const float* x, 
     __m512 acc[R][2];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, nb * kMxBytes);
     int64_t ib = 0;
     for (; ib + 2 <= nb; ib += 2) {
         const float* xb = x + ib * kBlock;
@@ -311,6 +343,7 @@ MS_AVX512 void dot_mxfp4_rows(const uint8_t* w, int64_t stride, const float* x, 
         const __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = w + r * stride + ib * kMxBytes;
+            prefetch_ahead(blk, ahead, 2 * kMxBytes);
             acc[r][0] = mxfp4_block(blk, x0, x1, acc[r][0]);
             acc[r][1] = mxfp4_block(blk + kMxBytes, x2, x3, acc[r][1]);
         }
@@ -378,11 +411,13 @@ MS_AVX512_MXBF16 void dot_mxfp4_bf16x_rows(const uint8_t* w, int64_t stride, con
     __m512 acc[R][2];
     for (auto& row : acc)
         for (auto& a : row) a = _mm512_setzero_ps();
+    const int64_t ahead = prefetch_distance(R, stride, nb * kMxBytes);
     int64_t ib = 0;
     for (; ib + 2 <= nb; ib += 2) {
         const __m512i x0 = _mm512_loadu_si512(xp + ib * kBlock), x1 = _mm512_loadu_si512(xp + ib * kBlock + kBlock);
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = w + r * stride + ib * kMxBytes;
+            prefetch_ahead(blk, ahead, 2 * kMxBytes);
             acc[r][0] = mxfp4_bf16x_block(blk, x0, acc[r][0]);
             acc[r][1] = mxfp4_bf16x_block(blk + kMxBytes, x1, acc[r][1]);
         }
