@@ -1,7 +1,8 @@
 // Protocol. The dispatching thread writes the job (fn, ctx, n), publishes `call` = (call number,
 // chunk count) and bumps `epoch`, which wakes workers. Chunk k belongs first to participant k
-// (the dispatcher is 0); afterwards anyone takes any chunk still free, so a worker slow to wake
-// or descheduled does not hold the call up. Each chunk has its own slot (own cache line) holding
+// (the dispatcher is 0); afterwards a worker takes its successor's chunk if still free and the
+// dispatcher every chunk still free, so a worker slow to wake or descheduled does not hold the
+// call up. Each chunk has its own slot (own cache line) holding
 // (call number, taken | done): claiming is a CAS that succeeds only on a slot last used by an
 // earlier call, finishing is a plain store, and the dispatcher waits by reading the slots, so no
 // cache line is read-modify-written by every participant (on this kind of machine a line
@@ -102,14 +103,23 @@ struct thread_pool::state {
         }
     }
 
-    // Participant `self`'s share of the current call: its own chunk first, then whatever is free.
+    // Participant `self`'s share of the current call: its own chunk, then, for a worker, the next
+    // participant's if still free, for the dispatcher every chunk still free. Workers look no
+    // further so that each slot's cache line is shared by three cores at most (its owner, its
+    // predecessor, the dispatcher): when every worker read every slot after its chunk, the next
+    // call's claims had to take the lines back from up to 15 readers, and an empty call cost
+    // ~2.5 us on the H200 host against ~0.7 us for a bare spin barrier.
     void work(int64_t self) {
         const uint64_t cw = call.load(std::memory_order_acquire);
         const uint64_t c = cw >> 16;
         const int64_t count = std::min<int64_t>(int64_t(cw & 0xffff), n_slots);
         if (c == 0 || count <= 0) return;
         if (self < count) try_chunk(c, count, self);
-        for (int64_t i = 1; i < count; ++i) try_chunk(c, count, (self + i) % count);
+        if (self == 0) {
+            for (int64_t k = 1; k < count; ++k) try_chunk(c, count, k);
+        } else if (self + 1 < count) {
+            try_chunk(c, count, self + 1);
+        }
     }
 
     bool all_done(uint64_t c, int64_t count) const {
