@@ -10,6 +10,7 @@
 #include "model/bf16.h"
 #include "model/cpu_elementwise.h"
 #include "model/cpu_matmul.h"
+#include "model/prefetch.h"
 #include "model/router_score.h"
 
 namespace moestream {
@@ -226,11 +227,23 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
         const int64_t rows = std::max<int64_t>(1, kTileBytes / tile_row_bytes);
         for (int64_t b = 0; b < jb.w.rows; b += rows) tiles_.push_back({int32_t(j), b, std::min(jb.w.rows, b + rows)});
     }
+    // The start of a tile's weight streams (its rows, and its up rows for a SwiGLU pair).
+    const auto prefetch_tile = [&](int64_t t) {
+        const tile& tl = tiles_[size_t(t)];
+        const auto& jb = jobs[size_t(tl.job)];
+        const int64_t bytes = std::min<int64_t>(kStreamStartBytes, (tl.end - tl.begin) * int64_t(jb.w.row_stride));
+        prefetch_to_l2(jb.w.row(tl.begin), bytes);
+        if (!jb.up.empty()) prefetch_to_l2(jb.up.row(tl.begin), bytes);
+    };
     pool_.parallel_for(int64_t(tiles_.size()), [&](int64_t begin, int64_t end) {
+        prefetch_tile(begin);
         for (int64_t t = begin; t < end; ++t) {
             const tile& tl = tiles_[size_t(t)];
             const auto& jb = jobs[size_t(tl.job)];
             const int64_t count = tl.end - tl.begin;
+            // The next tile's streams start elsewhere unless it continues this tile's rows (which
+            // the kernels' look-ahead reaches).
+            if (t + 1 < end && tiles_[size_t(t + 1)].job != tl.job) prefetch_tile(t + 1);
             moestream::matmul(jb.w.type, jb.w.row(tl.begin), count, jb.w.cols, jb.x, jb.n, jb.x_stride,
                               jb.y + tl.begin, jb.y_stride);
             if (jb.round_bf16)
@@ -295,6 +308,12 @@ void cpu_backend::output_sum(std::span<const output_term> terms, int64_t n, int6
     const int64_t units = (dim + width - 1) / width;
     pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
         output_scratch& sc = t_output;
+        // Every term's rows of this thread's slices are one stream (units are consecutive); the
+        // kernels' look-ahead runs along it, so only the starts need a prefetch.
+        for (const auto& t : terms)
+            if (!t.w.empty() && t.m > 0)
+                prefetch_to_l2(t.w.row(begin * width),
+                               std::min<int64_t>(kStreamStartBytes, (std::min(dim, end * width) - begin * width) * int64_t(t.w.row_stride)));
         for (int64_t unit = begin; unit < end; ++unit) {
             const int64_t d0 = unit * width, w = std::min(width, dim - d0);
             sc.acc.assign(size_t(n * w), 0.0f);
