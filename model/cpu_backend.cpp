@@ -212,6 +212,7 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
     // computes every value exactly as the pooled one does.
     constexpr int64_t kTileBytes = 32 << 10;
     tiles_.clear();
+    tile_bytes_.assign(1, 0);
     for (size_t j = 0; j < jobs.size(); ++j) {
         const auto& jb = jobs[j];
         MS_ASSERT(!jb.w.empty());
@@ -225,7 +226,22 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
         }
         if (jb.n == 0) continue;
         const int64_t rows = std::max<int64_t>(1, kTileBytes / tile_row_bytes);
-        for (int64_t b = 0; b < jb.w.rows; b += rows) tiles_.push_back({int32_t(j), b, std::min(jb.w.rows, b + rows)});
+        for (int64_t b = 0; b < jb.w.rows; b += rows) {
+            const int64_t e = std::min(jb.w.rows, b + rows);
+            tiles_.push_back({int32_t(j), b, e});
+            tile_bytes_.push_back(tile_bytes_.back() + (e - b) * tile_row_bytes);
+        }
+    }
+    // Thread shares of about equal weight bytes (a pass waits for its largest share; tiles differ
+    // in size, a job's last one is a remainder), each a run of whole tiles: share k starts at the
+    // first tile whose bytes before it reach k/shares of the total.
+    const int64_t n_tiles = int64_t(tiles_.size());
+    const int64_t shares = std::min<int64_t>(n_tiles, pool_.size());
+    share_starts_.assign(size_t(shares + 1), n_tiles);
+    for (int64_t k = 0, t = 0; k < shares; ++k) {
+        const int64_t target = tile_bytes_.back() / shares * k;
+        while (t < n_tiles && tile_bytes_[size_t(t)] < target) ++t;
+        share_starts_[size_t(k)] = t;
     }
     // The start of a tile's weight streams (its rows, and its up rows for a SwiGLU pair).
     const auto prefetch_tile = [&](int64_t t) {
@@ -235,8 +251,9 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
         prefetch_to_l2(jb.w.row(tl.begin), bytes);
         if (!jb.up.empty()) prefetch_to_l2(jb.up.row(tl.begin), bytes);
     };
-    pool_.parallel_for(int64_t(tiles_.size()), [&](int64_t begin, int64_t end) {
-        prefetch_tile(begin);
+    pool_.parallel_for(shares, [&](int64_t first_share, int64_t end_share) {
+        const int64_t begin = share_starts_[size_t(first_share)], end = share_starts_[size_t(end_share)];
+        if (begin < end) prefetch_tile(begin);
         for (int64_t t = begin; t < end; ++t) {
             const tile& tl = tiles_[size_t(t)];
             const auto& jb = jobs[size_t(tl.job)];
