@@ -211,38 +211,57 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
     // out in one parallel step; each tile runs the single-threaded matmul on its rows, which
     // computes every value exactly as the pooled one does.
     constexpr int64_t kTileBytes = 32 << 10;
-    tiles_.clear();
-    tile_bytes_.assign(1, 0);
+    // Shares below this many weight bytes are not worth waking a thread for.
+    constexpr int64_t kMinShareBytes = 8 << 10;
+    // Weight bytes per output row of each job (both halves of a SwiGLU pair), and in all.
+    job_row_bytes_.assign(jobs.size(), 0);
+    int64_t total = 0;
     for (size_t j = 0; j < jobs.size(); ++j) {
         const auto& jb = jobs[j];
         MS_ASSERT(!jb.w.empty());
         MS_ASSERT_MSG(jb.w.row_stride == size_t(row_bytes(dtype_info(jb.w.type), jb.w.cols)), "weight rows must be contiguous");
-        int64_t tile_row_bytes = int64_t(jb.w.row_stride);
+        int64_t rb = int64_t(jb.w.row_stride);
         if (!jb.up.empty()) {
             MS_ASSERT_MSG(jb.up.rows == jb.w.rows && jb.up.cols == jb.w.cols && jb.u != nullptr, "swiglu pair: gate and up differ in shape");
             MS_ASSERT_MSG(jb.up.row_stride == size_t(row_bytes(dtype_info(jb.up.type), jb.up.cols)), "weight rows must be contiguous");
             MS_ASSERT(!jb.router_scores);
-            tile_row_bytes += int64_t(jb.up.row_stride);
+            rb += int64_t(jb.up.row_stride);
         }
         if (jb.n == 0) continue;
-        const int64_t rows = std::max<int64_t>(1, kTileBytes / tile_row_bytes);
-        for (int64_t b = 0; b < jb.w.rows; b += rows) {
-            const int64_t e = std::min(jb.w.rows, b + rows);
-            tiles_.push_back({int32_t(j), b, e});
-            tile_bytes_.push_back(tile_bytes_.back() + (e - b) * tile_row_bytes);
+        job_row_bytes_[j] = rb;
+        total += jb.w.rows * rb;
+    }
+    // Thread shares of equal weight bytes (a pass waits for its largest share): the jobs' rows
+    // laid end to end are cut at k/shares of the bytes (at a multiple of four rows, the kernels'
+    // group, where a job allows), and each share into tiles of at most kTileBytes within a job.
+    const int64_t shares = std::clamp<int64_t>(total / kMinShareBytes, 1, pool_.size());
+    tiles_.clear();
+    share_starts_.assign(size_t(shares + 1), 0);
+    size_t j = 0;
+    int64_t row = 0, job_start = 0;  // the next row to hand out; bytes of the jobs before j
+    for (int64_t k = 0; k < shares; ++k) {
+        share_starts_[size_t(k)] = int64_t(tiles_.size());
+        const int64_t share_end = k + 1 == shares ? total : total / shares * (k + 1);
+        while (j < jobs.size()) {
+            const int64_t rb = job_row_bytes_[j], rows = rb ? jobs[j].w.rows : 0;
+            if (row >= rows) {  // this job is handed out (or empty): on to the next
+                job_start += rows * rb;
+                ++j;
+                row = 0;
+                continue;
+            }
+            if (job_start + row * rb >= share_end) break;
+            // This share's rows of job j: up to its byte boundary, at the nearest multiple of four.
+            int64_t stop = rows;
+            if (job_start + rows * rb > share_end)
+                stop = std::clamp<int64_t>((share_end - job_start + 2 * rb) / (4 * rb) * 4, row, rows);
+            const int64_t per_tile = std::max<int64_t>(1, kTileBytes / rb);
+            for (int64_t b = row; b < stop; b += per_tile) tiles_.push_back({int32_t(j), b, std::min(stop, b + per_tile)});
+            row = stop;
+            if (stop < rows) break;  // the share ends inside this job
         }
     }
-    // Thread shares of about equal weight bytes (a pass waits for its largest share; tiles differ
-    // in size, a job's last one is a remainder), each a run of whole tiles: share k starts at the
-    // first tile whose bytes before it reach k/shares of the total.
-    const int64_t n_tiles = int64_t(tiles_.size());
-    const int64_t shares = std::min<int64_t>(n_tiles, pool_.size());
-    share_starts_.assign(size_t(shares + 1), n_tiles);
-    for (int64_t k = 0, t = 0; k < shares; ++k) {
-        const int64_t target = tile_bytes_.back() / shares * k;
-        while (t < n_tiles && tile_bytes_[size_t(t)] < target) ++t;
-        share_starts_[size_t(k)] = t;
-    }
+    share_starts_[size_t(shares)] = int64_t(tiles_.size());
     // The start of a tile's weight streams (its rows, and its up rows for a SwiGLU pair).
     const auto prefetch_tile = [&](int64_t t) {
         const tile& tl = tiles_[size_t(t)];

@@ -58,9 +58,9 @@ class cpu_backend final : public backend {
         int64_t begin, end;
     };
     thread_pool pool_;
-    std::vector<tile> tiles_;            // matmul_batch's work list, reused
-    std::vector<int64_t> tile_bytes_;    // its running weight bytes: [t] = bytes of tiles < t
-    std::vector<int64_t> share_starts_;  // first tile of each thread's share (byte-balanced)
+    std::vector<tile> tiles_;              // matmul_batch's work list, reused
+    std::vector<int64_t> job_row_bytes_;   // its jobs' weight bytes per output row (0: no rows)
+    std::vector<int64_t> share_starts_;    // first tile of each thread's share (equal bytes)
     enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
                  k_swiglu, k_indexer, k_engram, k_quant, k_output_sum, k_op_count };
     struct timer;

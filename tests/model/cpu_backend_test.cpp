@@ -574,6 +574,49 @@ BOOST_AUTO_TEST_CASE(swiglu_pair_jobs_equal_matmuls_then_swiglu) {
     }
 }
 
+// matmul_batch shares its jobs' rows out by bytes, cutting jobs anywhere: every job still gets
+// exactly matmul's values in every row, rows outside its output stay untouched, for jobs of
+// every size (one row, odd counts, several tiles), a job with no input rows, and any thread count.
+BOOST_AUTO_TEST_CASE(matmul_batch_gives_every_job_its_matmul) {
+    struct spec {
+        ggml_type type;
+        int64_t rows, cols, n;
+    };
+    const spec specs[] = {{ggml_type::q8_0, 1, 256, 1},    {ggml_type::mxfp4, 37, 256, 1}, {ggml_type::bf16, 5, 96, 3},
+                          {ggml_type::q8_0, 1000, 64, 1},  {ggml_type::f32, 3, 64, 1},     {ggml_type::q8_0, 40, 128, 0},
+                          {ggml_type::mxfp4, 256, 512, 3}, {ggml_type::f16, 4, 32, 2}};
+    std::vector<quantized_matrix> mats;
+    std::vector<std::vector<float>> xs;
+    uint32_t seed = 90;
+    for (const auto& sp : specs) {
+        mats.emplace_back(sp.type, sp.rows, sp.cols, seed++);
+        xs.push_back(bf16_floats(size_t(std::max<int64_t>(sp.n, 1) * sp.cols), seed++));
+    }
+    constexpr float kCanary = -12345.0f;
+    std::vector<float> want;
+    cpu_backend ref_be(1);
+    for (size_t i = 0; i < std::size(specs); ++i) {
+        const auto& sp = specs[i];
+        std::vector<float> y(size_t(sp.n * sp.rows + 1), kCanary);
+        if (sp.n > 0) ref_be.matmul(mats[i].view, xs[i].data(), sp.cols, sp.n, y.data(), sp.rows, true);
+        want.insert(want.end(), y.begin(), y.end());
+    }
+    const auto got = same_for_every_thread_count([&](cpu_backend& be) {
+        std::vector<std::vector<float>> ys;
+        std::vector<matmul_job> jobs;
+        for (size_t i = 0; i < std::size(specs); ++i) {
+            const auto& sp = specs[i];
+            ys.emplace_back(size_t(sp.n * sp.rows + 1), kCanary);
+            jobs.push_back({mats[i].view, xs[i].data(), sp.cols, sp.n, ys.back().data(), sp.rows, true});
+        }
+        be.matmul_batch(jobs);
+        std::vector<float> all;
+        for (const auto& y : ys) all.insert(all.end(), y.begin(), y.end());
+        return all;
+    });
+    REQUIRE_SAME_BITS(got, want);
+}
+
 // output_sum equals its separate steps: each term's matmul (rounded to bf16), the sum in term
 // order into the rows the terms name, starting from 0 and rounded to bf16, then hc_expand in
 // place and hc_collapse; terms with weights and with precomputed y, dims that are and are not
