@@ -270,33 +270,34 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
         prefetch_to_l2(jb.w.row(tl.begin), bytes);
         if (!jb.up.empty()) prefetch_to_l2(jb.up.row(tl.begin), bytes);
     };
-    pool_.parallel_for(shares, [&](int64_t first_share, int64_t end_share) {
-        const int64_t begin = share_starts_[size_t(first_share)], end = share_starts_[size_t(end_share)];
-        if (begin < end) prefetch_tile(begin);
-        for (int64_t t = begin; t < end; ++t) {
-            const tile& tl = tiles_[size_t(t)];
-            const auto& jb = jobs[size_t(tl.job)];
-            const int64_t count = tl.end - tl.begin;
-            // The next tile's streams start elsewhere unless it continues this tile's rows (which
-            // the kernels' look-ahead reaches).
-            if (t + 1 < end && tiles_[size_t(t + 1)].job != tl.job) prefetch_tile(t + 1);
-            moestream::matmul(jb.w.type, jb.w.row(tl.begin), count, jb.w.cols, jb.x, jb.n, jb.x_stride,
-                              jb.y + tl.begin, jb.y_stride);
-            if (jb.round_bf16)
-                for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, count);
-            if (jb.router_scores)
-                for (int64_t r = 0; r < jb.n; ++r)
-                    for (int64_t o = tl.begin; o < tl.end; ++o) jb.y[r * jb.y_stride + o] = router_score(jb.y[r * jb.y_stride + o]);
-            if (!jb.up.empty()) {
-                moestream::matmul(jb.up.type, jb.up.row(tl.begin), count, jb.up.cols, jb.x, jb.n, jb.x_stride,
-                                  jb.u + tl.begin, jb.u_stride);
-                for (int64_t r = 0; r < jb.n; ++r) {
-                    float* g = jb.y + r * jb.y_stride + tl.begin;
-                    float* u = jb.u + r * jb.u_stride + tl.begin;
-                    if (jb.round_bf16) round_to_bf16(u, count);
-                    // swiglu_row is element-wise: a tile's rows get the bits the whole row would.
-                    elementwise::swiglu_row(g, u, count, jb.swiglu_limit, jb.swiglu_w ? jb.swiglu_w[r] : 1.0f);
-                }
+    // A share starts cold; within it, the next tile's streams start elsewhere unless it continues
+    // this tile's rows (which the kernels' look-ahead reaches). Shares are taken piece by piece
+    // (one tile a piece), so a thread that is done helps one that is slow.
+    const auto share_start = [&](int64_t t) {
+        return std::binary_search(share_starts_.begin(), share_starts_.end() - 1, t);
+    };
+    pool_.parallel_for_pieces(shares, share_starts_.data(), [&](int64_t t) {
+        const tile& tl = tiles_[size_t(t)];
+        const auto& jb = jobs[size_t(tl.job)];
+        const int64_t count = tl.end - tl.begin;
+        if (share_start(t)) prefetch_tile(t);
+        if (t + 1 < int64_t(tiles_.size()) && tiles_[size_t(t + 1)].job != tl.job && !share_start(t + 1)) prefetch_tile(t + 1);
+        moestream::matmul(jb.w.type, jb.w.row(tl.begin), count, jb.w.cols, jb.x, jb.n, jb.x_stride, jb.y + tl.begin,
+                          jb.y_stride);
+        if (jb.round_bf16)
+            for (int64_t r = 0; r < jb.n; ++r) round_to_bf16(jb.y + r * jb.y_stride + tl.begin, count);
+        if (jb.router_scores)
+            for (int64_t r = 0; r < jb.n; ++r)
+                for (int64_t o = tl.begin; o < tl.end; ++o) jb.y[r * jb.y_stride + o] = router_score(jb.y[r * jb.y_stride + o]);
+        if (!jb.up.empty()) {
+            moestream::matmul(jb.up.type, jb.up.row(tl.begin), count, jb.up.cols, jb.x, jb.n, jb.x_stride,
+                              jb.u + tl.begin, jb.u_stride);
+            for (int64_t r = 0; r < jb.n; ++r) {
+                float* g = jb.y + r * jb.y_stride + tl.begin;
+                float* u = jb.u + r * jb.u_stride + tl.begin;
+                if (jb.round_bf16) round_to_bf16(u, count);
+                // swiglu_row is element-wise: a tile's rows get the bits the whole row would.
+                elementwise::swiglu_row(g, u, count, jb.swiglu_limit, jb.swiglu_w ? jb.swiglu_w[r] : 1.0f);
             }
         }
     });
@@ -342,15 +343,22 @@ void cpu_backend::output_sum(std::span<const output_term> terms, int64_t n, int6
     const int64_t by_threads = (dim + 16 * pool_.size() - 1) / (16 * pool_.size()) * 16;
     const int64_t width = std::max<int64_t>(16, std::min(by_bytes, by_threads));
     const int64_t units = (dim + width - 1) / width;
-    pool_.parallel_for(units, [&](int64_t begin, int64_t end) {
+    // Each thread starts with a run of consecutive units (one piece each), whose rows of every term
+    // are one stream for the kernels' look-ahead, so only the run's starts need a prefetch; a
+    // thread that is done takes units still unclaimed in a slower thread's run.
+    const int64_t runs = std::min<int64_t>(units, pool_.size());
+    run_starts_.resize(size_t(runs + 1));
+    for (int64_t k = 0; k <= runs; ++k) run_starts_[size_t(k)] = k * units / runs;
+    pool_.parallel_for_pieces(runs, run_starts_.data(), [&](int64_t unit) {
         output_scratch& sc = t_output;
-        // Every term's rows of this thread's slices are one stream (units are consecutive); the
-        // kernels' look-ahead runs along it, so only the starts need a prefetch.
-        for (const auto& t : terms)
-            if (!t.w.empty() && t.m > 0)
-                prefetch_to_l2(t.w.row(begin * width),
-                               std::min<int64_t>(kStreamStartBytes, (std::min(dim, end * width) - begin * width) * int64_t(t.w.row_stride)));
-        for (int64_t unit = begin; unit < end; ++unit) {
+        if (std::binary_search(run_starts_.begin(), run_starts_.end() - 1, unit)) {
+            const int64_t run_end = *std::upper_bound(run_starts_.begin(), run_starts_.end(), unit);
+            for (const auto& t : terms)
+                if (!t.w.empty() && t.m > 0)
+                    prefetch_to_l2(t.w.row(unit * width), std::min<int64_t>(kStreamStartBytes, (std::min(dim, run_end * width) -
+                                                                                                unit * width) * int64_t(t.w.row_stride)));
+        }
+        {
             const int64_t d0 = unit * width, w = std::min(width, dim - d0);
             sc.acc.assign(size_t(n * w), 0.0f);
             if (sc.y.size() < size_t(max_m * w)) sc.y.resize(size_t(max_m * w));

@@ -61,6 +61,7 @@ class cpu_backend final : public backend {
     std::vector<tile> tiles_;              // matmul_batch's work list, reused
     std::vector<int64_t> job_row_bytes_;   // its jobs' weight bytes per output row (0: no rows)
     std::vector<int64_t> share_starts_;    // first tile of each thread's share (equal bytes)
+    std::vector<int64_t> run_starts_;      // output_sum: first unit of each thread's run
     enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
                  k_swiglu, k_indexer, k_engram, k_quant, k_output_sum, k_op_count };
     struct timer;

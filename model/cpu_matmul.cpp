@@ -21,6 +21,10 @@ namespace {
 constexpr int64_t kTileBytes = 192 << 10;
 // Least weight bytes a chunk is worth: below this, waking another thread costs more than it saves.
 constexpr int64_t kMinChunkBytes = 32 << 10;
+// Weight bytes of a piece of the pooled matmul (see there).
+constexpr int64_t kPieceBytes = 512 << 10;
+// The pooled matmul's piece table, per calling thread (a call never re-enters on its thread).
+thread_local std::vector<int64_t> t_piece_rows, t_piece_starts;
 
 struct job {
     quant::detail::row_kernel dot;
@@ -116,7 +120,23 @@ void matmul(thread_pool& pool, ggml_type type, const void* w, int64_t out_rows, 
     const job j = make_job(type, w, out_rows, in_cols, x, n_rows, x_stride, y, y_stride);
     if (out_rows == 0 || n_rows == 0) return;
     const int64_t grain = std::max<int64_t>(1, kMinChunkBytes / (j.row_bytes * n_rows));
-    pool.parallel_for(out_rows, grain, [&j](int64_t begin, int64_t end) { j.run(begin, end); });
+    const int64_t chunks = pool.chunk_count(out_rows, grain);
+    // Each thread's chunk of rows goes in pieces of about kPieceBytes (whole four-row groups), so
+    // that threads done early take over pieces of a slower one's chunk (the 265 MB LM head would
+    // otherwise wait for its slowest sixteenth).
+    const int64_t piece_rows = std::max<int64_t>(grain, (kPieceBytes / (j.row_bytes * n_rows) + 3) / 4 * 4);
+    std::vector<int64_t>& rows = t_piece_rows;  // piece p is rows [rows[p], rows[p + 1])
+    std::vector<int64_t>& starts = t_piece_starts;
+    rows.clear();
+    starts.assign(1, 0);
+    for (int64_t k = 0; k < chunks; ++k) {
+        const int64_t end = (k + 1) * out_rows / chunks;
+        for (int64_t r = k * out_rows / chunks; r < end; r += piece_rows) rows.push_back(r);
+        starts.push_back(int64_t(rows.size()));
+    }
+    rows.push_back(out_rows);
+    // Chunk k's last piece ends where chunk k + 1's first begins.
+    pool.parallel_for_pieces(chunks, starts.data(), [&j, &rows](int64_t p) { j.run(rows[size_t(p)], rows[size_t(p + 1)]); });
 }
 
 void matmul(ggml_type type, const void* w, int64_t out_rows, int64_t in_cols, const float* x,

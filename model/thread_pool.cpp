@@ -11,6 +11,13 @@
 // its number or a later one) and so never reads a job description that is being rewritten: a
 // successful claim proves the call is still running, and the dispatcher rewrites the job only
 // after every slot of the call says done.
+// Piece mode (parallel_for_pieces) keeps that protocol for the chunk as a whole: whoever first
+// takes a chunk's slot (its owner, or a helper when the owner is late) publishes its piece count;
+// pieces are then handed out one at a time through a claim counter, to the owner and to helpers
+// alike, and whoever finishes the chunk's last piece marks the slot done. Counters carry the call
+// number, so a stale one reads as zero, and a worker that wakes late for a finished call finds
+// every piece of it claimed; a successful piece claim proves the call is still running, so the
+// job (fn, ctx, starts) it then reads is the current one.
 // Sleeping uses C++20 atomic wait/notify (a futex on Linux); the sleeper flags make the common
 // case (everybody spinning) free of system calls. Both sleep hand-shakes are Dekker-style (store
 // my flag, then load the other's), hence seq_cst on those accesses.
@@ -57,6 +64,10 @@ enum : uint64_t { kTaken = 1, kDone = 2 };
 constexpr uint64_t slot_word(uint64_t call, uint64_t state) { return call << 2 | state; }
 constexpr uint64_t slot_call(uint64_t w) { return w >> 2; }
 constexpr uint64_t call_word(uint64_t call, int64_t chunks) { return call << 16 | uint64_t(chunks); }
+// Piece mode's counters: call number << 16 | count; a counter of an earlier call counts 0.
+constexpr int64_t kMaxPiecesPerChunk = 0xffff;
+constexpr uint64_t counter_word(uint64_t call, uint64_t count) { return call << 16 | count; }
+constexpr uint64_t count_for(uint64_t w, uint64_t call) { return w >> 16 == call ? w & 0xffff : 0; }
 
 // Chunk k of c over [0, n): [k*n/c, (k+1)*n/c). n is bounded in run() so k*n cannot overflow.
 inline int64_t chunk_begin(int64_t k, int64_t n, int64_t c) { return k * n / c; }
@@ -70,12 +81,17 @@ struct thread_pool::state {
     task_fn fn = nullptr;
     const void* ctx = nullptr;
     int64_t n = 0;
+    // Piece mode: chunk k is pieces [starts[k], starts[k + 1]); null for whole chunks. Atomic
+    // (relaxed) because a worker reads it before it claims anything.
+    std::atomic<const int64_t*> starts{nullptr};
     alignas(64) std::atomic<uint64_t> call{0};
     uint64_t calls = 0;  // the dispatcher's counter (call numbers start at 1)
 
     // One slot per chunk (chunks <= threads), each on its own cache line.
     struct alignas(64) chunk_slot {
         std::atomic<uint64_t> word{0};
+        // Piece mode (counter words): the chunk's pieces, those handed out, those finished.
+        std::atomic<uint64_t> pieces{0}, claimed{0}, ended{0};
     };
     std::unique_ptr<chunk_slot[]> slots;
     int64_t n_slots = 0;
@@ -96,10 +112,71 @@ struct thread_pool::state {
         if (!w.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed))
             return;
         fn(ctx, chunk_begin(k, n, count), chunk_begin(k + 1, n, count));
-        w.store(slot_word(c, kDone), std::memory_order_seq_cst);
+        mark_done(c, k);
+    }
+
+    // Marks chunk k of call c done (the dispatcher may be waiting for it, asleep).
+    void mark_done(uint64_t c, int64_t k) {
+        slots[size_t(k)].word.store(slot_word(c, kDone), std::memory_order_seq_cst);
         if (dispatcher_sleeping.load(std::memory_order_seq_cst)) {
             finished.fetch_add(1, std::memory_order_seq_cst);
             finished.notify_one();
+        }
+    }
+
+    // Piece mode: takes chunk k of call c if nobody has, and publishes its piece count.
+    void open_chunk(uint64_t c, int64_t k) {
+        chunk_slot& sl = slots[size_t(k)];
+        uint64_t seen = sl.word.load(std::memory_order_relaxed);
+        if (slot_call(seen) >= c) return;
+        if (!sl.word.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed))
+            return;
+        const int64_t* st = starts.load(std::memory_order_relaxed);  // the claim proves c is running: c's
+        const int64_t total = st[k + 1] - st[k];
+        MS_ASSERT_MSG(total >= 0 && total <= kMaxPiecesPerChunk, "thread_pool: too many pieces in a chunk");
+        if (total == 0) return mark_done(c, k);
+        sl.pieces.store(counter_word(c, uint64_t(total)), std::memory_order_release);
+    }
+
+    // Piece mode: runs pieces of chunk k of call c while any is unclaimed; false if it ran none.
+    bool run_pieces(uint64_t c, int64_t k) {
+        chunk_slot& sl = slots[size_t(k)];
+        bool ran = false;
+        for (;;) {
+            const uint64_t p = sl.pieces.load(std::memory_order_acquire);
+            if (p >> 16 != c) return ran;  // not opened yet (its opener will run it), or a later call's
+            const uint64_t total = p & 0xffff;
+            uint64_t w = sl.claimed.load(std::memory_order_relaxed), have;
+            do {
+                if (w >> 16 > c) return ran;
+                have = count_for(w, c);
+                if (have >= total) return ran;
+            } while (!sl.claimed.compare_exchange_weak(w, counter_word(c, have + 1), std::memory_order_acq_rel,
+                                                       std::memory_order_relaxed));
+            const int64_t piece = starts.load(std::memory_order_relaxed)[k] + int64_t(have);  // c is running
+            fn(ctx, piece, piece + 1);
+            ran = true;
+            uint64_t e = sl.ended.load(std::memory_order_relaxed), ended_now;
+            do {
+                ended_now = count_for(e, c) + 1;
+            } while (!sl.ended.compare_exchange_weak(e, counter_word(c, ended_now), std::memory_order_acq_rel,
+                                                     std::memory_order_relaxed));
+            if (ended_now == total) mark_done(c, k);
+        }
+    }
+
+    // Piece mode: `self`'s chunk first, then pieces still unclaimed in the chunks after it (in a
+    // ring): the dispatcher looks at every chunk (opening those whose owners are late), a worker
+    // goes on until it meets one with nothing left (so slot lines stay shared by few cores).
+    void work_pieces(int64_t self, uint64_t c, int64_t count) {
+        if (self < count) {
+            open_chunk(c, self);
+            run_pieces(c, self);
+        }
+        for (int64_t i = 1; i < count; ++i) {
+            const int64_t k = (self + i) % count;
+            open_chunk(c, k);
+            if (!run_pieces(c, k) && self != 0) break;
         }
     }
 
@@ -114,12 +191,25 @@ struct thread_pool::state {
         const uint64_t c = cw >> 16;
         const int64_t count = std::min<int64_t>(int64_t(cw & 0xffff), n_slots);
         if (c == 0 || count <= 0) return;
+        if (starts.load(std::memory_order_relaxed)) return work_pieces(self, c, count);
         if (self < count) try_chunk(c, count, self);
         if (self == 0) {
             for (int64_t k = 1; k < count; ++k) try_chunk(c, count, k);
         } else if (self + 1 < count) {
             try_chunk(c, count, self + 1);
         }
+    }
+
+    // The dispatcher's wait for every chunk of call c: spinning, then asleep on `finished`.
+    void wait_all_done(uint64_t c, int64_t count) {
+        if (spin_until([&] { return all_done(c, count); })) return;
+        dispatcher_sleeping.store(1, std::memory_order_seq_cst);
+        for (;;) {
+            const uint32_t f = finished.load(std::memory_order_seq_cst);
+            if (all_done(c, count)) break;
+            finished.wait(f, std::memory_order_seq_cst);
+        }
+        dispatcher_sleeping.store(0, std::memory_order_relaxed);
     }
 
     bool all_done(uint64_t c, int64_t count) const {
@@ -184,22 +274,37 @@ void thread_pool::run(int64_t n, int64_t grain, task_fn fn, const void* ctx) {
     s.fn = fn;
     s.ctx = ctx;
     s.n = n;
+    s.starts.store(nullptr, std::memory_order_relaxed);
     const uint64_t c = ++s.calls;
     s.call.store(call_word(c, chunks), std::memory_order_release);
     s.epoch.store(s.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
     if (s.sleepers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
 
     s.work(0);
+    s.wait_all_done(c, chunks);
+    s.busy.store(false, std::memory_order_release);
+}
 
-    if (!spin_until([&] { return s.all_done(c, chunks); })) {
-        s.dispatcher_sleeping.store(1, std::memory_order_seq_cst);
-        for (;;) {
-            const uint32_t f = s.finished.load(std::memory_order_seq_cst);
-            if (s.all_done(c, chunks)) break;
-            s.finished.wait(f, std::memory_order_seq_cst);
-        }
-        s.dispatcher_sleeping.store(0, std::memory_order_relaxed);
+void thread_pool::run_pieces(int64_t chunks, const int64_t* starts, task_fn fn, const void* ctx) {
+    MS_ASSERT(fn != nullptr && starts != nullptr && starts[0] == 0);
+    if (chunks <= 0) return;
+    for (int64_t k = 0; k < chunks; ++k) MS_ASSERT_MSG(starts[k] <= starts[k + 1], "thread_pool: piece starts must ascend");
+    state& s = *s_;
+    if (chunks == 1 || s.busy.exchange(true, std::memory_order_acquire)) {
+        for (int64_t p = 0; p < starts[chunks]; ++p) fn(ctx, p, p + 1);
+        return;
     }
+    MS_ASSERT_MSG(chunks <= s.n_slots, "thread_pool: more chunks than threads");
+    s.fn = fn;
+    s.ctx = ctx;
+    s.n = starts[chunks];
+    s.starts.store(starts, std::memory_order_relaxed);
+    const uint64_t c = ++s.calls;
+    s.call.store(call_word(c, chunks), std::memory_order_release);
+    s.epoch.store(s.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+    if (s.sleepers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
+    s.work(0);
+    s.wait_all_done(c, chunks);
     s.busy.store(false, std::memory_order_release);
 }
 

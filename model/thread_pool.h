@@ -46,8 +46,25 @@ public:
         parallel_for(n, 1, std::forward<F>(fn));
     }
 
+    // Piece-wise, for passes whose threads run at uneven speeds: chunk k (k < chunks <= size())
+    // is pieces [starts[k], starts[k + 1]) (starts: chunks + 1 ascending values from 0, at most
+    // 65535 pieces a chunk). Participant k runs its chunk's pieces in order; one that runs out
+    // takes pieces still unclaimed in later chunks (a slower or descheduled participant's), so
+    // fn(int64_t piece) runs exactly once per piece, on any thread. starts must stay valid
+    // until the call returns.
+    template <class F>
+    void parallel_for_pieces(int64_t chunks, const int64_t* starts, F&& fn) {
+        using fn_t = std::remove_reference_t<F>;
+        run_pieces(chunks, starts, &call_piece<fn_t>, static_cast<const void*>(std::addressof(fn)));
+    }
+
 private:
     using task_fn = void (*)(const void* ctx, int64_t begin, int64_t end);
+    template <class Fn>
+    static void call_piece(const void* ctx, int64_t piece, int64_t) {
+        (*static_cast<Fn*>(const_cast<void*>(ctx)))(piece);
+    }
+    void run_pieces(int64_t chunks, const int64_t* starts, task_fn fn, const void* ctx);
     template <class Fn>
     static void call(const void* ctx, int64_t begin, int64_t end) {
         (*static_cast<Fn*>(const_cast<void*>(ctx)))(begin, end);

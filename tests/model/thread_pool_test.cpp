@@ -159,4 +159,46 @@ BOOST_AUTO_TEST_CASE(accepts_std_function_and_destroys_cleanly) {
     }
 }
 
+// Piece mode: every piece runs exactly once, for chunk layouts with empty chunks, single pieces
+// and long chunks, interleaved with whole-chunk calls on the same pool (the two modes share the
+// slots), and with one chunk's pieces slow so that other participants take them over.
+BOOST_AUTO_TEST_CASE(pieces_run_exactly_once_and_are_taken_over) {
+    for (int threads = 1; threads <= 5; ++threads) {
+        thread_pool pool(threads);
+        for (int it = 0; it < 400; ++it) {
+            const int64_t chunks = 1 + it % threads;
+            std::vector<int64_t> starts(static_cast<size_t>(chunks + 1), 0);
+            for (int64_t k = 0; k < chunks; ++k) starts[size_t(k + 1)] = starts[size_t(k)] + (it * 7 + k * 3) % 9;  // 0..8 pieces
+            const int64_t total = starts.back();
+            std::vector<std::atomic<int>> hits(static_cast<size_t>(total));
+            std::atomic<int> bad{0};
+            const bool slow = it % 50 == 0;
+            pool.parallel_for_pieces(chunks, starts.data(), [&](int64_t piece) {
+                if (piece < 0 || piece >= total) {
+                    ++bad;
+                    return;
+                }
+                if (slow && piece < starts[1]) std::this_thread::sleep_for(std::chrono::microseconds(300));
+                hits[size_t(piece)].fetch_add(1);
+            });
+            BOOST_REQUIRE_EQUAL(bad.load(), 0);
+            for (int64_t p = 0; p < total; ++p) BOOST_REQUIRE_MESSAGE(hits[size_t(p)].load() == 1, "it=" << it << " piece " << p);
+            if (it % 3 == 0) check_cover(pool, 1 + it % 97, 1);
+        }
+    }
+}
+
+// A slow first chunk is finished by others: its owner does not run all of its pieces.
+BOOST_AUTO_TEST_CASE(pieces_of_a_slow_chunk_go_to_idle_threads) {
+    thread_pool pool(4);
+    const std::vector<int64_t> starts{0, 8, 9, 10, 11};
+    std::vector<std::thread::id> ran_by(11);
+    pool.parallel_for_pieces(4, starts.data(), [&](int64_t piece) {
+        if (piece < 8) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ran_by[size_t(piece)] = std::this_thread::get_id();
+    });
+    std::set<std::thread::id> first_chunk(ran_by.begin(), ran_by.begin() + 8);
+    BOOST_TEST(first_chunk.size() > 1);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
