@@ -123,10 +123,18 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
     const int64_t key_grain = std::max<int64_t>(1, 4096 / (n_heads * head_dim));
     pool.parallel_for(total_keys, key_grain, [&](int64_t begin, int64_t end) {
         int64_t r = std::upper_bound(kb, kb + n_rows + 1, begin) - kb - 1;
+        // Keys sit wherever their caches put them, so the hardware cannot see the next one coming:
+        // each is prefetched two keys ahead (a decode step's keys come from memory every token).
+        const auto key_at = [&](int64_t v) {
+            const int64_t rv = std::upper_bound(kb, kb + n_rows + 1, v) - kb - 1;
+            return rows[size_t(rv)].keys[v - kb[rv]];
+        };
+        for (int64_t v = begin; v < std::min(end, begin + 2); ++v) prefetch_to_l2(key_at(v), head_dim * 4);
         for (int64_t u = begin; u < end; ++u) {
             while (u >= kb[r + 1]) ++r;
             const attention_row& row = rows[size_t(r)];
             const int64_t i = u - kb[r];
+            if (u + 2 < end) prefetch_to_l2(i + 2 < row.n_keys ? row.keys[i + 2] : key_at(u + 2), head_dim * 4);
             float dots[kMaxHeads];
             elementwise::dot_heads(row.q, head_dim, n_heads, row.keys[i], head_dim, dots);
             float* s = scores + kb[r] * n_heads + i;

@@ -288,6 +288,8 @@ MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, con
         if (width == kVec) {
             f32x16 acc[kGroup] = {};
             for (int64_t i = 0; i < n_keys; ++i) {
+                // Keys are scattered (no stream for the hardware to follow): fetch ahead by hand.
+                if (h0 == 0 && i + 8 < n_keys) __builtin_prefetch(keys[i + 8] + d0, 0, 3);
                 const f32x16 k = load16(keys[i] + d0);
                 for (int g = 0; g < kGroup; ++g) acc[g] += ph[g][i] * k;
             }
