@@ -219,6 +219,7 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
     // out in one parallel step; each tile runs the single-threaded matmul on its rows, which
     // computes every value exactly as the pooled one does.
     constexpr int64_t kTileBytes = 32 << 10;
+    constexpr int64_t kTailBytes = 8 << 10;
     // Shares below this many weight bytes are not worth waking a thread for.
     constexpr int64_t kMinShareBytes = 8 << 10;
     // Weight bytes per output row of each job (both halves of a SwiGLU pair), and in all.
@@ -267,6 +268,18 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
             for (int64_t b = row; b < stop; b += per_tile) tiles_.push_back({int32_t(j), b, std::min(stop, b + per_tile)});
             row = stop;
             if (stop < rows) break;  // the share ends inside this job
+        }
+        // The share's last tile in small pieces: a thread that runs out of work takes over a
+        // slower one's pieces, so the pass ends at most a piece after the mean.
+        if (int64_t(tiles_.size()) > share_starts_[size_t(k)]) {
+            const tile last = tiles_.back();
+            const int64_t rb = job_row_bytes_[size_t(last.job)];
+            const int64_t step = std::max<int64_t>(4, kTailBytes / rb / 4 * 4);
+            if (last.end - last.begin > step) {
+                tiles_.pop_back();
+                for (int64_t b = last.begin; b < last.end; b += step)
+                    tiles_.push_back({last.job, b, std::min(last.end, b + step)});
+            }
         }
     }
     share_starts_[size_t(shares)] = int64_t(tiles_.size());
