@@ -200,6 +200,23 @@ struct thread_pool::state {
         }
     }
 
+    // The dispatcher's side of a call (busy already taken): publishes the job (whole chunks of
+    // [0, n), or pieces by `piece_starts`), wakes the workers, runs participant 0's share, waits
+    // for every chunk and frees the pool.
+    void dispatch(task_fn job_fn, const void* job_ctx, int64_t job_n, const int64_t* piece_starts, int64_t chunks) {
+        fn = job_fn;
+        ctx = job_ctx;
+        n = job_n;
+        starts.store(piece_starts, std::memory_order_relaxed);
+        const uint64_t c = ++calls;
+        call.store(call_word(c, chunks), std::memory_order_release);
+        epoch.store(epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+        if (sleepers.load(std::memory_order_seq_cst) > 0) epoch.notify_all();
+        work(0);
+        wait_all_done(c, chunks);
+        busy.store(false, std::memory_order_release);
+    }
+
     // The dispatcher's wait for every chunk of call c: spinning, then asleep on `finished`.
     void wait_all_done(uint64_t c, int64_t count) {
         if (spin_until([&] { return all_done(c, count); })) return;
@@ -271,18 +288,7 @@ void thread_pool::run(int64_t n, int64_t grain, task_fn fn, const void* ctx) {
         return;
     }
     MS_ASSERT(chunks <= s.n_slots);
-    s.fn = fn;
-    s.ctx = ctx;
-    s.n = n;
-    s.starts.store(nullptr, std::memory_order_relaxed);
-    const uint64_t c = ++s.calls;
-    s.call.store(call_word(c, chunks), std::memory_order_release);
-    s.epoch.store(s.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-    if (s.sleepers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
-
-    s.work(0);
-    s.wait_all_done(c, chunks);
-    s.busy.store(false, std::memory_order_release);
+    s.dispatch(fn, ctx, n, nullptr, chunks);
 }
 
 void thread_pool::run_pieces(int64_t chunks, const int64_t* starts, task_fn fn, const void* ctx) {
@@ -295,17 +301,7 @@ void thread_pool::run_pieces(int64_t chunks, const int64_t* starts, task_fn fn, 
         return;
     }
     MS_ASSERT_MSG(chunks <= s.n_slots, "thread_pool: more chunks than threads");
-    s.fn = fn;
-    s.ctx = ctx;
-    s.n = starts[chunks];
-    s.starts.store(starts, std::memory_order_relaxed);
-    const uint64_t c = ++s.calls;
-    s.call.store(call_word(c, chunks), std::memory_order_release);
-    s.epoch.store(s.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-    if (s.sleepers.load(std::memory_order_seq_cst) > 0) s.epoch.notify_all();
-    s.work(0);
-    s.wait_all_done(c, chunks);
-    s.busy.store(false, std::memory_order_release);
+    s.dispatch(fn, ctx, 0, starts, chunks);
 }
 
 }  // namespace moestream
