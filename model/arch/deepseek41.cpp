@@ -251,13 +251,23 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         }
         std::vector<float> qi;  // the indexer's query, when this layer is an index source
         std::vector<float> wi;  // the indexer's head weights
+        std::vector<float> ca, cz;  // the compressor's projections, when this layer is a kv source
+        const int src_layer = ratio > 0 ? latest_at_or_before(hp.kv_source_layers, L) : -1;
         {
             // Batched with q_a / kv: this sub-layer's own hc mix (it only serves the expand and
-            // the FFN's collapse) and the indexer's weight projection.
+            // the FFN's collapse), the indexer's weight projection and the compressor's.
             std::vector<matmul_job> extra{mixA.job(env, H, R, lw.hc_attn_fn)};
             if (ratio > 0 && hp.is_index_source(L)) {
                 wi.resize(size_t(R * hp.index_n_heads));
                 extra.push_back({lw.index_proj, x.data(), dim, R, wi.data(), hp.index_n_heads, true});
+            }
+            if (ratio > 0 && src_layer == L) {
+                ca.resize(size_t(R * hd));
+                extra.push_back({lw.compressor_kv, x.data(), dim, R, ca.data(), hd, ratio == 1});
+                if (ratio == 2) {
+                    cz.resize(size_t(R * hd));
+                    extra.push_back({lw.compressor_gate, x.data(), dim, R, cz.data(), hd, false});
+                }
             }
             detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, layer_kv[size_t(L)], &qi, extra);
         }
@@ -266,7 +276,6 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         detail::observe(env, "q", L, q.data(), {R, hp.q_dim()});
         detail::observe(env, "kv", L, kv.data(), {R, hd});
 
-        const int src_layer = ratio > 0 ? latest_at_or_before(hp.kv_source_layers, L) : -1;
         auto source_of = [&](const item_rows& it, int layer) -> sequence_state::source_cache& {
             for (auto& c : it.seq->sources_)
                 if (c.layer == layer) return c;
@@ -276,13 +285,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
 
         // Compressor of a kv-source layer (§3.4.3-5): append this forward's latents and index keys.
         if (ratio > 0 && src_layer == L) {
-            std::vector<float> ca(static_cast<size_t>(R * hd)), cz;
-            std::vector<matmul_job> jobs{{lw.compressor_kv, x.data(), dim, R, ca.data(), hd, ratio == 1}};
-            if (ratio == 2) {
-                cz.resize(size_t(R * hd));
-                jobs.push_back({lw.compressor_gate, x.data(), dim, R, cz.data(), hd, false});
-            }
-            be_.matmul_batch(jobs);
+            MS_ASSERT(int64_t(ca.size()) == R * hd);  // computed in the first parallel step
             for (const auto& it : items) {
                 auto& c = source_of(it, L);
                 std::vector<float> lat;
