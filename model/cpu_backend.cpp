@@ -93,16 +93,35 @@ constexpr int kMaxHeads = 256;
 // bound, so the scratch stays bounded on long prefills; a row's values do not depend on its group.
 constexpr int64_t kMaxAttentionScores = int64_t(1) << 21;
 
-// Attention for a group of rows (MQA: every head shares the row's keys, K = V) in three parallel
-// passes, so that each key is read from memory once per row and all threads take part even for
-// a single decode row:
+// Rows whose keys take at most this many bytes go through attention's one-pass form (the keys
+// stay in a core's L2 while it reads them twice per head; mini-lite's rows, a 128-key window
+// and up to 128 compressed entries of 1 KiB, take at most 256 KiB); longer rows through the
+// three passes, which read each key once per row.
+constexpr int64_t kFusedKeyBytes = 512 << 10;
+
+// One head's softmax with its sink, in place over its scores p[0..n): max with the sink,
+// exp(s - max), the denominator (fp32, key order), the weights (rounded to bf16 with
+// bf16_probs); returns 1 / denominator.
+float softmax_with_sink(float* p, int64_t n, float sink, bool bf16_probs) {
+    float m = sink;
+    for (int64_t i = 0; i < n; ++i) m = std::max(m, p[i]);
+    float denom = std::exp(sink - m);
+    for (int64_t i = 0; i < n; ++i) denom += (p[i] = std::exp(p[i] - m));
+    if (bf16_probs) round_to_bf16(p, n);
+    return 1.0f / denom;
+}
+
+// Attention for a group of rows (MQA: every head shares the row's keys, K = V). Rows whose keys
+// are few (decode's) take one parallel pass with one unit per (row, head): the head's scores
+// dot(q_h, k) * scale, its softmax, then Σ_i w_h,i k_i times 1 / denominator, rounded to bf16 (a
+// decode row's 16 heads keep 16 threads busy at the cost of one pool call instead of three).
+// Longer rows take three parallel passes, so that each key is read from memory once per row:
 //   1. one unit per (row, key): the key's score against every head, dot(q_h, k) * scale;
-//   2. one unit per (row, head): max with the sink, exp(s - max), the denominator (fp32 values,
-//      key order), the weights (rounded to bf16 with bf16_probs), 1 / denominator;
+//   2. one unit per (row, head): the softmax;
 //   3. one unit per (row, slice of head_dim): Σ_i w_h,i k_i[slice] for every head, keys in
 //      ascending order, times 1 / denominator, rounded to bf16.
 // Every value is computed by the same operations in the same order as a per-(row, head) loop
-// would (same dot, same sequential max / sum / accumulation), whatever the units' chunking.
+// would (same dot, same sequential max / sum / accumulation), whatever the form and chunking.
 void attention_group(thread_pool& pool, std::span<const attention_row> rows, int n_heads, int64_t head_dim,
                      float scale, const float* sinks, bool bf16_probs) {
     const int64_t n_rows = int64_t(rows.size());
@@ -118,6 +137,29 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
     const int64_t* kb = key_begin.data();
     float* scores = scratch<float, k_slot_scores>(size_t(total_keys * n_heads)).data();
     float* inv_denom = scratch<float, k_slot_inv_denom>(size_t(n_rows * n_heads)).data();
+
+    int64_t max_keys = 0;
+    for (const auto& row : rows) max_keys = std::max(max_keys, row.n_keys);
+    if (max_keys * head_dim * int64_t(sizeof(float)) <= kFusedKeyBytes) {
+        pool.parallel_for(n_rows * n_heads, [&](int64_t begin, int64_t end) {
+            for (int64_t u = begin; u < end; ++u) {
+                const int64_t r = u / n_heads;
+                const int h = int(u % n_heads);
+                const attention_row& row = rows[size_t(r)];
+                float* out = row.out + h * head_dim;
+                if (row.n_keys == 0) {  // no key visible: the output is zero (the sink alone carries no value)
+                    std::fill_n(out, head_dim, 0.0f);
+                    continue;
+                }
+                float* p = scores + kb[r] * n_heads + h * row.n_keys;
+                elementwise::dot_keys(row.q + h * head_dim, row.keys, row.n_keys, head_dim, p);
+                for (int64_t i = 0; i < row.n_keys; ++i) p[i] = p[i] * scale;
+                const float inv = softmax_with_sink(p, row.n_keys, sinks[h], bf16_probs);
+                elementwise::attend_head(row.keys, row.n_keys, p, inv, head_dim, out);
+            }
+        });
+        return;
+    }
 
     // Pass 1. Grain: a few keys per chunk (each key is n_heads dots).
     const int64_t key_grain = std::max<int64_t>(1, 4096 / (n_heads * head_dim));
@@ -148,13 +190,7 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
             const int64_t r = u / n_heads;
             const int h = int(u % n_heads);
             const int64_t n_keys = rows[size_t(r)].n_keys;
-            float* p = scores + kb[r] * n_heads + h * n_keys;
-            float m = sinks[h];
-            for (int64_t i = 0; i < n_keys; ++i) m = std::max(m, p[i]);
-            float denom = std::exp(sinks[h] - m);
-            for (int64_t i = 0; i < n_keys; ++i) denom += (p[i] = std::exp(p[i] - m));
-            if (bf16_probs) round_to_bf16(p, n_keys);
-            inv_denom[u] = 1.0f / denom;
+            inv_denom[u] = softmax_with_sink(scores + kb[r] * n_heads + h * n_keys, n_keys, sinks[h], bf16_probs);
         }
     });
 

@@ -156,6 +156,39 @@ MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, c
     }
 }
 
+MS_VECTOR_CLONES void dot_keys(const float* q, const float* const* keys, int64_t n_keys, int64_t n, float* out) {
+    // dot_heads with the roles turned round: four keys against one q (a short group repeats its
+    // last key); each (q, key) pair gets dot_heads' lanes, products and tree.
+    constexpr int kGroup = 4;
+    for (int64_t j0 = 0; j0 < n_keys; j0 += kGroup) {
+        const float* kg[kGroup];
+        for (int g = 0; g < kGroup; ++g) kg[g] = keys[std::min<int64_t>(j0 + g, n_keys - 1)];
+        // Keys sit wherever their caches put them: fetch the next group's starts ahead.
+        for (int64_t j = j0 + kGroup; j < std::min(n_keys, j0 + 2 * kGroup); ++j) __builtin_prefetch(keys[j], 0, 3);
+        f32x16 lo[kGroup] = {}, hi[kGroup] = {};
+        int64_t i = 0;
+        for (; i + 2 * kVec <= n; i += 2 * kVec) {
+            const f32x16 q0 = load16(q + i), q1 = load16(q + i + kVec);
+            for (int g = 0; g < kGroup; ++g) {
+                lo[g] += q0 * load16(kg[g] + i);
+                hi[g] += q1 * load16(kg[g] + i + kVec);
+            }
+        }
+        for (int64_t k = 0; i + k < n; ++k)
+            for (int g = 0; g < kGroup; ++g) {
+                const float prod = q[i + k] * kg[g][i + k];
+                if (k < kVec)
+                    lo[g][k] += prod;
+                else
+                    hi[g][k - kVec] += prod;
+            }
+        f32x16 s[kGroup];
+        for (int g = 0; g < kGroup; ++g) s[g] = lo[g] + hi[g];
+        const f32x16 sums = reduce_four(s);
+        for (int g = 0; g < kGroup && j0 + g < n_keys; ++g) out[j0 + g] = sums[g];
+    }
+}
+
 MS_VECTOR_CLONES double sum_of_squares(const float* x, int64_t n) {
     double lane[kSumLanes] = {};
     int64_t i = 0;
@@ -305,6 +338,34 @@ MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, con
                     out[(h0 + g) * head_dim + d0 + d] = round_to_bf16(acc[g][d] * inv[h0 + g]);
         }
     }
+}
+
+MS_VECTOR_CLONES void attend_head(const float* const* keys, int64_t n_keys, const float* p, float inv,
+                                  int64_t head_dim, float* out) {
+    // Up to kBlock slices at a time, each key's part of them loaded once; per value the same
+    // products and sums in the same order as attend_slice.
+    constexpr int64_t kBlock = 8;
+    int64_t d0 = 0;
+    for (; d0 + kVec <= head_dim; d0 += kBlock * kVec) {
+        const int64_t slices = std::min(kBlock, (head_dim - d0) / kVec);
+        f32x16 acc[kBlock] = {};
+        for (int64_t i = 0; i < n_keys; ++i) {
+            if (i + 4 < n_keys) __builtin_prefetch(keys[i + 4] + d0, 0, 3);
+            const float* k = keys[i] + d0;
+            for (int64_t s = 0; s < slices; ++s) acc[s] += p[i] * load16(k + s * kVec);
+        }
+        for (int64_t s = 0; s < slices; ++s) store16(out + d0 + s * kVec, round16_to_bf16(acc[s] * inv));
+        if (slices < kBlock) {
+            d0 += slices * kVec;
+            break;
+        }
+    }
+    if (d0 >= head_dim) return;
+    const int64_t width = head_dim - d0;  // < kVec: attend_slice's scalar form
+    float acc[kVec] = {};
+    for (int64_t i = 0; i < n_keys; ++i)
+        for (int64_t d = 0; d < width; ++d) acc[d] += p[i] * keys[i][d0 + d];
+    for (int64_t d = 0; d < width; ++d) out[d0 + d] = round_to_bf16(acc[d] * inv);
 }
 
 }  // namespace moestream::elementwise

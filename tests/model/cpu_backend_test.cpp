@@ -797,14 +797,30 @@ BOOST_AUTO_TEST_CASE(attention_is_bit_identical_to_per_head_reference) {
     }
 }
 
-// Many keys per row: the rows are processed in groups of bounded scratch; a row's values are
-// those of the reference whatever its group.
+// Many keys per row: the rows are processed in groups of bounded scratch, and in the three-pass
+// form (a row's keys past the one-pass bound); a row's values are those of the reference
+// whatever its group and form. The second case puts short rows (one without keys, a head_dim
+// with a partial slice) in a group with a long one, so they take the three passes too.
 BOOST_AUTO_TEST_CASE(attention_long_rows_are_grouped_without_changing_values) {
     const auto c = make_attention_case(16, 16, {70000, 3, 90000, 150000}, 90);
     const auto ref = run_attention(c, 0, 4, true, nullptr);
     for (int t : {1, 3}) {
         cpu_backend be(t);
         REQUIRE_SAME_BITS(run_attention(c, 0, 4, true, &be), ref);
+    }
+    const auto mixed = make_attention_case(3, 40, {5, 0, 4000, 1, 64}, 91);
+    for (bool bf16_probs : {false, true}) {
+        const auto mixed_ref = run_attention(mixed, 0, 5, bf16_probs, nullptr);
+        for (int t : {1, 4}) {
+            cpu_backend be(t);
+            REQUIRE_SAME_BITS(run_attention(mixed, 0, 5, bf16_probs, &be), mixed_ref);
+            for (size_t r = 0; r < 5; ++r) {  // alone, the short rows take the one pass
+                const auto alone = run_attention(mixed, r, 1, bf16_probs, &be);
+                BOOST_REQUIRE(std::equal(alone.begin(), alone.end(), mixed_ref.begin() + long(r * 120), [](float a, float b) {
+                    return same_bits(a, b);
+                }));
+            }
+        }
     }
 }
 
