@@ -258,7 +258,7 @@ BOOST_FIXTURE_TEST_CASE(concurrent_streams_with_disconnects, load_server) {
     };
     check_round(run_load(srv.port(), make_plans(k_requests / 4, 1)));
     BOOST_TEST(srv.wait_idle(10s));
-    const int64_t rss_before = resident_bytes();
+    const int64_t rss_before = anonymous_resident_bytes();
 
     check_round(run_load(srv.port(), make_plans(k_requests, 2)));
 
@@ -269,8 +269,8 @@ BOOST_FIXTURE_TEST_CASE(concurrent_streams_with_disconnects, load_server) {
     BOOST_TEST(stats.waiting == 0);
     BOOST_TEST(srv.api().live_jobs() == 0u);
     check_still_serving(srv.port());
-    const int64_t rss_after = resident_bytes();
-    BOOST_TEST_MESSAGE("resident memory " << rss_before / (1 << 20) << " MiB before the load, "
+    const int64_t rss_after = anonymous_resident_bytes();
+    BOOST_TEST_MESSAGE("anonymous resident memory " << rss_before / (1 << 20) << " MiB before the load, "
                                           << rss_after / (1 << 20) << " MiB after; "
                                           << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
                                           << " s in all");

@@ -489,12 +489,12 @@ void check_still_serving(uint16_t port) {
     BOOST_TEST(d.integer({"usage", "completion_tokens"}) > 0, r.body);
 }
 
-int64_t resident_bytes() {
+int64_t anonymous_resident_bytes() {
     malloc_trim(0);  // free heap pages back to the system: RSS then follows what is allocated
     std::ifstream in("/proc/self/statm");
-    int64_t size = 0, resident = 0;
-    in >> size >> resident;
-    return resident * int64_t(sysconf(_SC_PAGESIZE));
+    int64_t size = 0, resident = 0, file_backed = 0;
+    in >> size >> resident >> file_backed;
+    return (resident - file_backed) * int64_t(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace moestream::test
