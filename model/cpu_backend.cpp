@@ -100,11 +100,13 @@ constexpr int64_t kMaxAttentionScores = int64_t(1) << 21;
 // pass against 16.8 in three, ~200 keys took the same time either way.
 constexpr int64_t kFusedKeyBytes = 128 << 10;
 
-// One head's softmax with its sink, in place over its scores p[0..n): max with the sink,
-// exp(s - max), the denominator (fp32, key order), the weights (rounded to bf16 with
-// bf16_probs); returns 1 / denominator.
+// One head's softmax with its sink, in place over its scores p[0..n): the max of the scores
+// alone (the reference's kernel starts its running max at -1e30 and adds the sink's term at the
+// end, so the weights it rounds to bf16 are relative to the scores' max even when the sink is
+// larger), exp(s - max), the denominator (fp32: the sink's term, then the keys in order), the
+// weights (rounded to bf16 with bf16_probs); returns 1 / denominator.
 float softmax_with_sink(float* p, int64_t n, float sink, bool bf16_probs) {
-    float m = sink;
+    float m = -1e30f;
     for (int64_t i = 0; i < n; ++i) m = std::max(m, p[i]);
     float denom = std::exp(sink - m);
     for (int64_t i = 0; i < n; ++i) denom += (p[i] = std::exp(p[i] - m));

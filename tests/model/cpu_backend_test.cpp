@@ -216,7 +216,7 @@ void ref_attention(std::span<const attention_row> rows, int n_heads, int64_t hea
             std::fill(o, o + head_dim, 0.0f);
             if (row.n_keys == 0) continue;
             std::vector<float> p(size_t(row.n_keys));
-            float m = sinks[h];
+            float m = -1e30f;  // the scores' max (the sink is not in it)
             for (int64_t i = 0; i < row.n_keys; ++i) {
                 p[size_t(i)] = float(ref_dot(q, row.keys[i], head_dim)) * scale;
                 m = std::max(m, p[size_t(i)]);
