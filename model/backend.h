@@ -16,10 +16,11 @@
 namespace moestream {
 
 // One query row of a sparse attention: its keys (= values, MQA with K = V) given as pointers to
-// head_dim-float vectors, window entries first, then selected compressed entries.
+// head_dim-value vectors in bf16 (their bits: every key is a rounded bf16 value, so the
+// caches keep them at half the bytes), window entries first, then selected compressed entries.
 struct attention_row {
     const float* q = nullptr;       // n_heads * head_dim
-    const float* const* keys = nullptr;
+    const uint16_t* const* keys = nullptr;
     int64_t n_keys = 0;
     float* out = nullptr;           // n_heads * head_dim
 };

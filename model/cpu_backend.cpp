@@ -96,9 +96,9 @@ constexpr int64_t kMaxAttentionScores = int64_t(1) << 21;
 // Rows whose keys take at most this many bytes go through attention's one-pass form; longer rows
 // through the three passes. Decode's keys come from memory (a token streams far more than the
 // caches hold), and in the one-pass form every thread reads all of them, in the three passes a
-// share: on the H200 host (16 threads, mini-lite's 1 KiB keys) 81 keys took 10.5 us in one
-// pass against 16.8 in three, ~200 keys took the same time either way.
-constexpr int64_t kFusedKeyBytes = 128 << 10;
+// share: on the H200 host (16 threads, mini-lite's 256-value keys, then held in fp32) 81 keys
+// took 10.5 us in one pass against 16.8 in three, ~200 keys took the same time either way.
+constexpr int64_t kFusedKeyBytes = 64 << 10;
 
 // One head's softmax with its sink, in place over its scores p[0..n): the max of the scores
 // alone (the reference's kernel starts its running max at -1e30 and adds the sink's term at the
@@ -143,7 +143,7 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
 
     int64_t max_keys = 0;
     for (const auto& row : rows) max_keys = std::max(max_keys, row.n_keys);
-    if (max_keys * head_dim * int64_t(sizeof(float)) <= kFusedKeyBytes) {
+    if (max_keys * head_dim * int64_t(sizeof(uint16_t)) <= kFusedKeyBytes) {
         pool.parallel_for(n_rows * n_heads, [&](int64_t begin, int64_t end) {
             for (int64_t u = begin; u < end; ++u) {
                 const int64_t r = u / n_heads;
@@ -174,12 +174,12 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
             const int64_t rv = std::upper_bound(kb, kb + n_rows + 1, v) - kb - 1;
             return rows[size_t(rv)].keys[v - kb[rv]];
         };
-        for (int64_t v = begin; v < std::min(end, begin + 2); ++v) prefetch_to_l2(key_at(v), head_dim * 4);
+        for (int64_t v = begin; v < std::min(end, begin + 2); ++v) prefetch_to_l2(key_at(v), head_dim * 2);
         for (int64_t u = begin; u < end; ++u) {
             while (u >= kb[r + 1]) ++r;
             const attention_row& row = rows[size_t(r)];
             const int64_t i = u - kb[r];
-            if (u + 2 < end) prefetch_to_l2(i + 2 < row.n_keys ? row.keys[i + 2] : key_at(u + 2), head_dim * 4);
+            if (u + 2 < end) prefetch_to_l2(i + 2 < row.n_keys ? row.keys[i + 2] : key_at(u + 2), head_dim * 2);
             float dots[kMaxHeads];
             elementwise::dot_heads(row.q, head_dim, n_heads, row.keys[i], head_dim, dots);
             float* s = scores + kb[r] * n_heads + i;

@@ -39,6 +39,21 @@ constexpr int64_t kVec = 16;
     std::memcpy(p, &v, sizeof v);
 }
 
+// 16 bf16 values (their bits) widened to fp32: exact.
+typedef uint16_t u16x16 __attribute__((vector_size(32)));
+[[gnu::always_inline]] inline f32x16 load16(const uint16_t* p) {
+    u16x16 b;
+    std::memcpy(&b, p, sizeof b);
+    const u32x16 u = __builtin_convertvector(b, u32x16) << 16;
+    f32x16 v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+}
+
+// One stored value as fp32 (the scalar tails).
+[[gnu::always_inline]] inline float value_at(const float* p, int64_t i) { return p[i]; }
+[[gnu::always_inline]] inline float value_at(const uint16_t* p, int64_t i) { return bf16_value(p[i]); }
+
 // round_to_bf16 (model/bf16.h) lane by lane, the same integer operations.
 [[gnu::always_inline]] inline f32x16 round16_to_bf16(const f32x16& x) {
     u32x16 u;
@@ -122,8 +137,11 @@ T reduce_lanes(T (&lane)[kSumLanes]) {
 
 }  // namespace
 
-MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, const float* key, int64_t n,
-                                float* out) {
+namespace {
+
+template <class Key>
+[[gnu::always_inline]] inline void dot_heads_body(const float* q, int64_t q_stride, int n_heads, const Key* key, int64_t n,
+                                                  float* out) {
     // fp32 products summed in fp32 over 32 interleaved lanes (lane k takes elements i ≡ k mod 32,
     // in order), then the lanes in a fixed tree: a fixed order (reproducible) independent of the
     // vector width. Four heads at a time: eight independent accumulator chains share each load
@@ -143,7 +161,7 @@ MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, c
         }
         for (int64_t k = 0; i + k < n; ++k)  // the tail: element i + k goes to lane k (i is a multiple of 32)
             for (int g = 0; g < kGroup; ++g) {
-                const float prod = qh[g][i + k] * key[i + k];
+                const float prod = qh[g][i + k] * value_at(key, i + k);
                 if (k < kVec)
                     lo[g][k] += prod;
                 else
@@ -156,12 +174,24 @@ MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, c
     }
 }
 
-MS_VECTOR_CLONES void dot_keys(const float* q, const float* const* keys, int64_t n_keys, int64_t n, float* out) {
+}  // namespace
+
+MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, const float* key, int64_t n,
+                                float* out) {
+    dot_heads_body(q, q_stride, n_heads, key, n, out);
+}
+
+MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, const uint16_t* key, int64_t n,
+                                float* out) {
+    dot_heads_body(q, q_stride, n_heads, key, n, out);
+}
+
+MS_VECTOR_CLONES void dot_keys(const float* q, const uint16_t* const* keys, int64_t n_keys, int64_t n, float* out) {
     // dot_heads with the roles turned round: four keys against one q (a short group repeats its
     // last key); each (q, key) pair gets dot_heads' lanes, products and tree.
     constexpr int kGroup = 4;
     for (int64_t j0 = 0; j0 < n_keys; j0 += kGroup) {
-        const float* kg[kGroup];
+        const uint16_t* kg[kGroup];
         for (int g = 0; g < kGroup; ++g) kg[g] = keys[std::min<int64_t>(j0 + g, n_keys - 1)];
         // Keys sit wherever their caches put them: fetch the next group's starts ahead.
         for (int64_t j = j0 + kGroup; j < std::min(n_keys, j0 + 2 * kGroup); ++j) __builtin_prefetch(keys[j], 0, 3);
@@ -176,7 +206,7 @@ MS_VECTOR_CLONES void dot_keys(const float* q, const float* const* keys, int64_t
         }
         for (int64_t k = 0; i + k < n; ++k)
             for (int g = 0; g < kGroup; ++g) {
-                const float prod = q[i + k] * kg[g][i + k];
+                const float prod = q[i + k] * bf16_value(kg[g][i + k]);
                 if (k < kVec)
                     lo[g][k] += prod;
                 else
@@ -307,7 +337,7 @@ MS_VECTOR_CLONES void rotate_pairs(float* t, const float* c, const float* s, int
     }
 }
 
-MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, const float* p, const float* inv,
+MS_VECTOR_CLONES void attend_slice(const uint16_t* const* keys, int64_t n_keys, const float* p, const float* inv,
                                    int n_heads, int64_t head_dim, int64_t d0, int64_t width, float* out) {
     MS_ASSERT(n_heads >= 1 && width >= 1 && width <= kAttentionSlice && d0 + width <= head_dim);
     static_assert(kAttentionSlice == kVec);
@@ -332,7 +362,7 @@ MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, con
             float acc[kGroup][kVec] = {};
             for (int64_t i = 0; i < n_keys; ++i)
                 for (int g = 0; g < kGroup; ++g)
-                    for (int64_t d = 0; d < width; ++d) acc[g][d] += ph[g][i] * keys[i][d0 + d];
+                    for (int64_t d = 0; d < width; ++d) acc[g][d] += ph[g][i] * bf16_value(keys[i][d0 + d]);
             for (int g = 0; g < in_group; ++g)
                 for (int64_t d = 0; d < width; ++d)
                     out[(h0 + g) * head_dim + d0 + d] = round_to_bf16(acc[g][d] * inv[h0 + g]);
@@ -340,7 +370,7 @@ MS_VECTOR_CLONES void attend_slice(const float* const* keys, int64_t n_keys, con
     }
 }
 
-MS_VECTOR_CLONES void attend_head(const float* const* keys, int64_t n_keys, const float* p, float inv,
+MS_VECTOR_CLONES void attend_head(const uint16_t* const* keys, int64_t n_keys, const float* p, float inv,
                                   int64_t head_dim, float* out) {
     // Up to kBlock slices at a time, each key's part of them loaded once; per value the same
     // products and sums in the same order as attend_slice.
@@ -351,7 +381,7 @@ MS_VECTOR_CLONES void attend_head(const float* const* keys, int64_t n_keys, cons
         f32x16 acc[kBlock] = {};
         for (int64_t i = 0; i < n_keys; ++i) {
             if (i + 4 < n_keys) __builtin_prefetch(keys[i + 4] + d0, 0, 3);
-            const float* k = keys[i] + d0;
+            const uint16_t* k = keys[i] + d0;
             for (int64_t s = 0; s < slices; ++s) acc[s] += p[i] * load16(k + s * kVec);
         }
         for (int64_t s = 0; s < slices; ++s) store16(out + d0 + s * kVec, round16_to_bf16(acc[s] * inv));
@@ -364,7 +394,7 @@ MS_VECTOR_CLONES void attend_head(const float* const* keys, int64_t n_keys, cons
     const int64_t width = head_dim - d0;  // < kVec: attend_slice's scalar form
     float acc[kVec] = {};
     for (int64_t i = 0; i < n_keys; ++i)
-        for (int64_t d = 0; d < width; ++d) acc[d] += p[i] * keys[i][d0 + d];
+        for (int64_t d = 0; d < width; ++d) acc[d] += p[i] * bf16_value(keys[i][d0 + d]);
     for (int64_t d = 0; d < width; ++d) out[d0 + d] = round_to_bf16(acc[d] * inv);
 }
 

@@ -167,7 +167,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     detail::hc_mix mixA, mixF;
     bool x_collapsed = false;  // x already holds the next attention input (fused into the MoE's output pass)
     std::vector<attention_row> arows(static_cast<size_t>(R));
-    std::vector<std::vector<const float*>> keys(static_cast<size_t>(R));
+    std::vector<std::vector<const uint16_t*>> keys(static_cast<size_t>(R));
+    std::vector<uint16_t> kv_bits;  // this forward's window keys of the layer, bf16
     // Engram rows depend only on token ids: hash every row of every engram layer now and
     // announce them, so the reads overlap the layers before the first engram layer.
     const int64_t n_eng = int64_t(hp.engram_layers.size()), ecols = hp.engram_columns();
@@ -330,7 +331,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 detail::act_quant(env, act_quant_kind::fp4_e4m3_16, lat.data(), int64_t(lat.size()));
                 for (int64_t k = 0; k < ne; ++k) {
                     MS_ASSERT_MSG(idx[size_t(k)] == c.entries, "compressed entries must be appended in order");
-                    std::copy_n(lat.data() + k * hd, hd, c.latents.data() + c.entries * hd);
+                    detail::store_keys(lat.data() + k * hd, hd, c.latents.data() + c.entries * hd);
                     std::copy_n(ik.data() + k * hp.index_head_dim, hp.index_head_dim,
                                 c.index_keys.data() + c.entries * hp.index_head_dim);
                     ++c.entries;
@@ -421,6 +422,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         }
 
         // ---- sparse attention over window + selected compressed entries ----
+        kv_bits.resize(kv.size());
+        detail::store_keys(kv.data(), int64_t(kv.size()), kv_bits.data());
         for (const auto& it : items) {
             const auto& ring = it.seq->rings_[size_t(L)];
             const int64_t cap = it.seq->ring_capacity_;
@@ -430,7 +433,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 auto& kl = keys[size_t(r)];
                 kl.clear();
                 for (int64_t p = std::max<int64_t>(0, pos - hp.window + 1); p <= pos; ++p)
-                    kl.push_back(p < it.start ? ring.data() + (p % cap) * hd : kv.data() + (it.first + p - it.start) * hd);
+                    kl.push_back(p < it.start ? ring.data() + (p % cap) * hd : kv_bits.data() + (it.first + p - it.start) * hd);
                 if (c)
                     for (int32_t j : selection[size_t(r)]) kl.push_back(c->latents.data() + j * hd);
                 arows[size_t(r)].keys = kl.data();
@@ -506,9 +509,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         for (int64_t t = from; t < it.count; ++t) {
             const int64_t p = it.start + t, r = it.first + t;
             for (int L = 0; L < hp.n_layers; ++L)
-                std::copy_n(layer_kv[size_t(L)].data() + r * hd, hd, seq.rings_[size_t(L)].data() + (p % cap) * hd);
+                detail::store_keys(layer_kv[size_t(L)].data() + r * hd, hd, seq.rings_[size_t(L)].data() + (p % cap) * hd);
             for (int s = 0; s < int(stage_kv.size()); ++s)
-                std::copy_n(stage_kv[size_t(s)].data() + r * hd, hd, seq.draft_rings_[size_t(s)].data() + (p % cap) * hd);
+                detail::store_keys(stage_kv[size_t(s)].data() + r * hd, hd, seq.draft_rings_[size_t(s)].data() + (p % cap) * hd);
         }
         seq.tokens_.insert(seq.tokens_.end(), batch[i].tokens.begin(), batch[i].tokens.end());
         if (draft_) {

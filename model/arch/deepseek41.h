@@ -177,7 +177,7 @@ class sequence_state {
     struct source_cache {
         int layer = -1;
         int ratio = 0;
-        std::vector<float> latents;     // [entries, head_dim], rotated
+        std::vector<uint16_t> latents;  // [entries, head_dim], rotated, bf16 (attention keys)
         std::vector<float> index_keys;  // [entries, index_head_dim], rotated
         std::vector<float> pending;     // ratio 2: (a, z) of every even position, [groups, 2, head_dim]
         int64_t entries = 0;
@@ -186,9 +186,9 @@ class sequence_state {
     int64_t ring_capacity_;
     int64_t rollback_;
     std::vector<int32_t> tokens_;
-    std::vector<std::vector<float>> rings_;        // per layer [ring_capacity, head_dim]
+    std::vector<std::vector<uint16_t>> rings_;     // per layer [ring_capacity, head_dim], bf16 (attention keys)
     std::vector<source_cache> sources_;            // one per kv source layer
-    std::vector<std::vector<float>> draft_rings_;  // per DSpark stage
+    std::vector<std::vector<uint16_t>> draft_rings_;  // per DSpark stage, as rings_
     std::vector<float> last_main_hidden_;
 };
 

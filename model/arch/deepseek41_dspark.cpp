@@ -39,7 +39,8 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
     std::vector<float> x(static_cast<size_t>(B * dim)), xq, qr, q, kv, a, f;
     detail::hc_mix mixA, mixF;
     std::vector<attention_row> arows(static_cast<size_t>(B));
-    std::vector<const float*> keys;
+    std::vector<const uint16_t*> keys;
+    std::vector<uint16_t> kv_bits;  // the rows' own keys, bf16
     const float* freqs = freqs_plain_.data();  // stages are ratio 0: base rope_theta, no YaRN
     for (int s = 0; s < hp.n_mtp; ++s) {
         const layer_weights& lw = draft_->stages[size_t(s)];
@@ -59,7 +60,9 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
         const auto& ring = seq.draft_rings_[size_t(s)];
         for (int64_t pp = std::max<int64_t>(0, p - hp.window + 1); pp <= p; ++pp)
             keys.push_back(ring.data() + (pp % seq.ring_capacity_) * hd);
-        for (int r = 0; r < B; ++r) keys.push_back(kv.data() + r * hd);
+        kv_bits.resize(kv.size());
+        detail::store_keys(kv.data(), int64_t(kv.size()), kv_bits.data());
+        for (int r = 0; r < B; ++r) keys.push_back(kv_bits.data() + r * hd);
         for (auto& ar : arows) {
             ar.keys = keys.data();
             ar.n_keys = int64_t(keys.size());

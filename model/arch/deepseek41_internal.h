@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/arch/deepseek41.h"
+#include "model/bf16.h"
 
 namespace moestream::dsv41::detail {
 
@@ -59,6 +60,14 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
            const layer_weights* next = nullptr, const std::function<hc_update()>& update = {});
+
+// n attention-key values into their bf16 storage (attention_row's keys): every key the model
+// makes is already rounded to bf16 (norm, RoPE and quantisation outputs are), so the values are
+// kept; one that is not would be a bug upstream.
+inline void store_keys(const float* x, int64_t n, uint16_t* out) {
+    const bool exact = to_bf16_bits_exact(x, n, out);
+    MS_ASSERT_MSG(exact, "attention keys must be bf16 values");
+}
 
 // Indices of the k largest of v[0..n), ties to the lower index: the one selection rule of the
 // router, the indexer and the candidate blocks (the reference's torch.topk leaves the order

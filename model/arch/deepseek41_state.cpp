@@ -11,21 +11,21 @@ sequence_state::sequence_state(const hparams& hp, int64_t max_tokens, int64_t ro
     MS_ASSERT(max_tokens > 0 && rollback >= 0);
     tokens_.reserve(size_t(max_tokens));
     rings_.resize(size_t(hp.n_layers));
-    for (auto& r : rings_) r.assign(size_t(ring_capacity_ * hp.head_dim), 0.0f);
+    for (auto& r : rings_) r.assign(size_t(ring_capacity_ * hp.head_dim), 0);
     for (int layer : hp.kv_source_layers) {
         source_cache c;
         c.layer = layer;
         c.ratio = hp.compress_ratios[size_t(layer)];
         MS_ASSERT(c.ratio > 0);
         const int64_t entries = max_tokens / c.ratio;
-        c.latents.assign(size_t(entries * hp.head_dim), 0.0f);
+        c.latents.assign(size_t(entries * hp.head_dim), 0);
         c.index_keys.assign(size_t(entries * hp.index_head_dim), 0.0f);
         if (c.ratio == 2) c.pending.assign(size_t((max_tokens / 2 + 1) * 2 * hp.head_dim), 0.0f);
         sources_.push_back(std::move(c));
     }
     if (with_draft) {
         draft_rings_.resize(size_t(hp.n_mtp));
-        for (auto& r : draft_rings_) r.assign(size_t(ring_capacity_ * hp.head_dim), 0.0f);
+        for (auto& r : draft_rings_) r.assign(size_t(ring_capacity_ * hp.head_dim), 0);
     }
 }
 

@@ -215,17 +215,18 @@ void ref_attention(std::span<const attention_row> rows, int n_heads, int64_t hea
             float* o = row.out + h * head_dim;
             std::fill(o, o + head_dim, 0.0f);
             if (row.n_keys == 0) continue;
-            std::vector<float> p(size_t(row.n_keys));
+            std::vector<float> p(static_cast<size_t>(row.n_keys)), key(static_cast<size_t>(head_dim));
             float m = -1e30f;  // the scores' max (the sink is not in it)
             for (int64_t i = 0; i < row.n_keys; ++i) {
-                p[size_t(i)] = float(ref_dot(q, row.keys[i], head_dim)) * scale;
+                for (int64_t d = 0; d < head_dim; ++d) key[size_t(d)] = bf16_value(row.keys[i][d]);
+                p[size_t(i)] = float(ref_dot(q, key.data(), head_dim)) * scale;
                 m = std::max(m, p[size_t(i)]);
             }
             float denom = std::exp(sinks[h] - m);
             for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
             for (int64_t i = 0; i < row.n_keys; ++i) {
                 const float a = bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)];
-                for (int64_t d = 0; d < head_dim; ++d) o[d] += a * row.keys[i][d];
+                for (int64_t d = 0; d < head_dim; ++d) o[d] += a * bf16_value(row.keys[i][d]);
             }
             const float inv = 1.0f / denom;
             for (int64_t d = 0; d < head_dim; ++d) o[d] = round_to_bf16(o[d] * inv);
@@ -696,22 +697,25 @@ struct attention_case {
     int64_t head_dim;
     std::vector<int64_t> n_keys;  // per row
     std::vector<float> pool, q, sinks;
-    std::vector<std::vector<const float*>> key_lists;
+    std::vector<uint16_t> pool_bits;  // the pool as attention_row holds keys (bf16)
+    std::vector<std::vector<const uint16_t*>> key_lists;
     int64_t q_dim() const { return n_heads * head_dim; }
 };
 
 attention_case make_attention_case(int n_heads, int64_t head_dim, std::vector<int64_t> n_keys,
                                    uint32_t seed) {
-    attention_case c{n_heads, head_dim, std::move(n_keys), {}, {}, {}, {}};
+    attention_case c{n_heads, head_dim, std::move(n_keys), {}, {}, {}, {}, {}};
     const int64_t pool_keys = std::max<int64_t>(1, *std::max_element(c.n_keys.begin(), c.n_keys.end()) + 7);
     c.pool = bf16_floats(size_t(pool_keys * head_dim), seed);
+    c.pool_bits.resize(c.pool.size());
+    BOOST_REQUIRE(to_bf16_bits_exact(c.pool.data(), int64_t(c.pool.size()), c.pool_bits.data()));
     c.q = bf16_floats(size_t(int64_t(c.n_keys.size()) * c.q_dim()), seed + 1, 2.0f);
     c.sinks = random_floats(size_t(n_heads), seed + 2);
     std::mt19937 rng(seed + 3);
     for (int64_t nk : c.n_keys) {
-        std::vector<const float*> keys;
+        std::vector<const uint16_t*> keys;
         for (int64_t i = 0; i < nk; ++i)
-            keys.push_back(c.pool.data() + int64_t(rng() % uint64_t(pool_keys)) * head_dim);
+            keys.push_back(c.pool_bits.data() + int64_t(rng() % uint64_t(pool_keys)) * head_dim);
         c.key_lists.push_back(std::move(keys));
     }
     return c;
@@ -745,7 +749,7 @@ std::vector<double> exact_attention(const attention_case& c, size_t r) {
             long double d = 0;
             for (int64_t k = 0; k < c.head_dim; ++k)
                 d += (long double)c.q[size_t(int64_t(r) * c.q_dim() + h * c.head_dim + k)] *
-                     c.key_lists[r][size_t(i)][k];
+                     bf16_value(c.key_lists[r][size_t(i)][k]);
             s[size_t(i)] = d * scale;
             m = std::max(m, s[size_t(i)]);
         }
@@ -753,7 +757,7 @@ std::vector<double> exact_attention(const attention_case& c, size_t r) {
         for (auto& v : s) denom += (v = std::exp(v - m));
         for (int64_t k = 0; k < c.head_dim; ++k) {
             long double acc = 0;
-            for (int64_t i = 0; i < c.n_keys[r]; ++i) acc += s[size_t(i)] * c.key_lists[r][size_t(i)][k];
+            for (int64_t i = 0; i < c.n_keys[r]; ++i) acc += s[size_t(i)] * bf16_value(c.key_lists[r][size_t(i)][k]);
             out[size_t(h * c.head_dim + k)] = double(acc / denom);
         }
     }
