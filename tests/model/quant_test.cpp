@@ -149,6 +149,24 @@ BOOST_AUTO_TEST_CASE(bf16_roundtrip_ties_and_specials) {
     BOOST_TEST(f32_to_bf16(1.0f) == 0x3f80);
 }
 
+// bf16 storage of rounded values (model/bf16.h: attention keys): every code round-trips, and a
+// float with any of its low 16 bits set is refused rather than truncated.
+BOOST_AUTO_TEST_CASE(bf16_storage_of_exact_values) {
+    std::vector<float> all(65536);
+    for (uint32_t b = 0; b < 65536; ++b) {
+        all[b] = bf16_value(uint16_t(b));
+        BOOST_TEST_REQUIRE(std::bit_cast<uint32_t>(all[b]) == b << 16);
+    }
+    std::vector<uint16_t> bits(all.size());
+    BOOST_TEST(to_bf16_bits_exact(all.data(), int64_t(all.size()), bits.data()));
+    for (uint32_t b = 0; b < 65536; ++b) BOOST_TEST_REQUIRE(bits[b] == b);
+    for (uint32_t low : {1u, 0x8000u, 0xffffu}) {
+        std::vector<float> row{1.0f, std::bit_cast<float>(0x3f800000u | low), -2.0f};
+        uint16_t out[3];
+        BOOST_TEST(!to_bf16_bits_exact(row.data(), 3, out), "low bits " << low);
+    }
+}
+
 // ---------------------------------------------------------------- e4m3
 
 BOOST_AUTO_TEST_CASE(e4m3_all_codes) {
