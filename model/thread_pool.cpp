@@ -104,13 +104,17 @@ struct thread_pool::state {
     std::atomic<bool> stop{false};
     alignas(64) std::atomic<bool> busy{false};  // a call is running (nested calls go inline)
 
-    // Claims chunk k of call `c` if it is still free, and runs it.
-    void try_chunk(uint64_t c, int64_t count, int64_t k) {
+    // Takes chunk k's slot for call c if it is still free (last used by an earlier call).
+    bool claim(uint64_t c, int64_t k) {
         std::atomic<uint64_t>& w = slots[size_t(k)].word;
         uint64_t seen = w.load(std::memory_order_relaxed);
-        if (slot_call(seen) >= c) return;
-        if (!w.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed))
-            return;
+        return slot_call(seen) < c &&
+               w.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed);
+    }
+
+    // Claims chunk k of call `c` if it is still free, and runs it.
+    void try_chunk(uint64_t c, int64_t count, int64_t k) {
+        if (!claim(c, k)) return;
         fn(ctx, chunk_begin(k, n, count), chunk_begin(k + 1, n, count));
         mark_done(c, k);
     }
@@ -126,16 +130,12 @@ struct thread_pool::state {
 
     // Piece mode: takes chunk k of call c if nobody has, and publishes its piece count.
     void open_chunk(uint64_t c, int64_t k) {
-        chunk_slot& sl = slots[size_t(k)];
-        uint64_t seen = sl.word.load(std::memory_order_relaxed);
-        if (slot_call(seen) >= c) return;
-        if (!sl.word.compare_exchange_strong(seen, slot_word(c, kTaken), std::memory_order_acq_rel, std::memory_order_relaxed))
-            return;
+        if (!claim(c, k)) return;
         const int64_t* st = starts.load(std::memory_order_relaxed);  // the claim proves c is running: c's
         const int64_t total = st[k + 1] - st[k];
         MS_ASSERT_MSG(total >= 0 && total <= kMaxPiecesPerChunk, "thread_pool: too many pieces in a chunk");
         if (total == 0) return mark_done(c, k);
-        sl.pieces.store(counter_word(c, uint64_t(total)), std::memory_order_release);
+        slots[size_t(k)].pieces.store(counter_word(c, uint64_t(total)), std::memory_order_release);
     }
 
     // Piece mode: runs pieces of chunk k of call c while any is unclaimed; false if it ran none.
