@@ -17,6 +17,7 @@
 #include <bit>
 
 #include "config/assert.h"
+#include "model/prefetch.h"
 #include "model/quant_internal.h"
 
 #define MS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -77,7 +78,7 @@ MS_AVX512 inline void store_sums(const __m512 (&v)[R], float* out) {
 // Q8_0, 16 threads) read 60 GB/s, a plain read of the same bytes 110 GB/s, and the kernel with
 // this prefetch 105 GB/s. So each kernel prefetches (to L2), next to the bytes it reads, the same
 // offsets one row group further on (the rows its next call takes), at least kPrefetchMin bytes
-// ahead. Prefetches never fault; addresses past the weights are formed as integers.
+// ahead (model/prefetch.h: prefetches never fault, addresses past the weights are fine).
 constexpr int64_t kPrefetchMin = 4096;
 
 // Bytes ahead for a kernel over R rows `stride` apart (R = 1: the next row follows this one).
@@ -85,12 +86,6 @@ inline int64_t prefetch_distance(int R, int64_t stride, int64_t row_bytes) {
     const int64_t group = R == 1 ? row_bytes : R * stride;
     if (group <= 0) return kPrefetchMin;
     return group * ((kPrefetchMin + group - 1) / group);
-}
-
-// Prefetches [p + ahead, p + ahead + bytes) to L2, a line per 64 bytes.
-MS_AVX512 inline void prefetch_ahead(const uint8_t* p, int64_t ahead, int64_t bytes) {
-    const uintptr_t at = reinterpret_cast<uintptr_t>(p) + uintptr_t(ahead);
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(at + uintptr_t(o)), _MM_HINT_T1);
 }
 
 // First m bits set (m <= 32).
@@ -130,7 +125,7 @@ MS_AVX512 void dot_dense_rows(const uint8_t* w, int64_t stride, const float* x, 
         for (int k = 0; k < 4; ++k) xv[k] = _mm512_loadu_ps(x + i + 16 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + i * Fmt::kBytes;
-            prefetch_ahead(p, ahead, 64 * Fmt::kBytes);
+            prefetch_to_l2(p, 64 * Fmt::kBytes, ahead);
             for (int k = 0; k < 4; ++k) acc[r][k] = _mm512_fmadd_ps(Fmt::load(p + 16 * k * Fmt::kBytes), xv[k], acc[r][k]);
         }
     }
@@ -181,7 +176,7 @@ MS_AVX512 void dot_bf16_rows(const uint8_t* w, int64_t stride, const float* x, i
         const pair32 x1 = split_x(_mm512_loadu_ps(x + i + 32), _mm512_loadu_ps(x + i + 48));
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + 2 * i;
-            prefetch_ahead(p, ahead, 128);
+            prefetch_to_l2(p, 128, ahead);
             const pair32 a = widen_bf16x32(_mm512_loadu_si512(p));
             const pair32 b = widen_bf16x32(_mm512_loadu_si512(p + 64));
             acc[r][0] = _mm512_fmadd_ps(a.even, x0.even, acc[r][0]);
@@ -229,7 +224,7 @@ MS_AVX512_BF16 void dot_bf16x_rows(const uint8_t* w, int64_t stride, const uint1
         for (int k = 0; k < 4; ++k) xv[k] = _mm512_loadu_si512(xb + i + 32 * k);
         for (int r = 0; r < R; ++r) {
             const uint8_t* p = w + r * stride + 2 * i;
-            prefetch_ahead(p, ahead, 256);
+            prefetch_to_l2(p, 256, ahead);
             for (int k = 0; k < 4; ++k) acc[r][k] = dp_bf16(acc[r][k], _mm512_loadu_si512(p + 64 * k), xv[k]);
         }
     }
@@ -293,7 +288,7 @@ MS_AVX512 void dot_q8_0_rows(const uint8_t* w, int64_t stride, const float* x, i
             const __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
             for (int r = 0; r < R; ++r) {
                 const uint8_t* blk = w + r * stride + (g + j) * kQ8Bytes;
-                prefetch_ahead(blk, ahead, 2 * kQ8Bytes);
+                prefetch_to_l2(blk, 2 * kQ8Bytes, ahead);
                 acc[r][0] = q8_0_block(blk, x0, x1, d[r][j], acc[r][0]);
                 acc[r][1] = q8_0_block(blk + kQ8Bytes, x2, x3, d[r][j + 1], acc[r][1]);
             }
@@ -343,7 +338,7 @@ MS_AVX512 void dot_mxfp4_rows(const uint8_t* w, int64_t stride, const float* x, 
         const __m512 x2 = _mm512_loadu_ps(xb + 32), x3 = _mm512_loadu_ps(xb + 48);
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = w + r * stride + ib * kMxBytes;
-            prefetch_ahead(blk, ahead, 2 * kMxBytes);
+            prefetch_to_l2(blk, 2 * kMxBytes, ahead);
             acc[r][0] = mxfp4_block(blk, x0, x1, acc[r][0]);
             acc[r][1] = mxfp4_block(blk + kMxBytes, x2, x3, acc[r][1]);
         }
@@ -417,7 +412,7 @@ MS_AVX512_MXBF16 void dot_mxfp4_bf16x_rows(const uint8_t* w, int64_t stride, con
         const __m512i x0 = _mm512_loadu_si512(xp + ib * kBlock), x1 = _mm512_loadu_si512(xp + ib * kBlock + kBlock);
         for (int r = 0; r < R; ++r) {
             const uint8_t* blk = w + r * stride + ib * kMxBytes;
-            prefetch_ahead(blk, ahead, 2 * kMxBytes);
+            prefetch_to_l2(blk, 2 * kMxBytes, ahead);
             acc[r][0] = mxfp4_bf16x_block(blk, x0, acc[r][0]);
             acc[r][1] = mxfp4_bf16x_block(blk + kMxBytes, x1, acc[r][1]);
         }
