@@ -139,38 +139,43 @@ T reduce_lanes(T (&lane)[kSumLanes]) {
 
 namespace {
 
+// Four dots against one vector b: lane g of the result is Σ_i a[g][i] b[i], fp32 products summed
+// in fp32 over 32 interleaved lanes (lane k takes elements i ≡ k mod 32, in order), then the
+// lanes in a fixed tree: a fixed order (reproducible) independent of the vector width. The eight
+// accumulator chains share each load of b. a and b hold fp32 values or bf16 bits.
+template <class A, class B>
+[[gnu::always_inline]] inline f32x16 four_dots(const A* const (&a)[4], const B* b, int64_t n) {
+    f32x16 lo[4] = {}, hi[4] = {};  // lanes 0..15, 16..31
+    int64_t i = 0;
+    for (; i + 2 * kVec <= n; i += 2 * kVec) {
+        const f32x16 b0 = load16(b + i), b1 = load16(b + i + kVec);
+        for (int g = 0; g < 4; ++g) {
+            lo[g] += load16(a[g] + i) * b0;
+            hi[g] += load16(a[g] + i + kVec) * b1;
+        }
+    }
+    for (int64_t k = 0; i + k < n; ++k)  // the tail: element i + k goes to lane k (i is a multiple of 32)
+        for (int g = 0; g < 4; ++g) {
+            const float prod = value_at(a[g], i + k) * value_at(b, i + k);
+            if (k < kVec)
+                lo[g][k] += prod;
+            else
+                hi[g][k - kVec] += prod;
+        }
+    f32x16 s[4];
+    for (int g = 0; g < 4; ++g) s[g] = lo[g] + hi[g];  // lane k += lane k + 16
+    return reduce_four(s);
+}
+
+// Four heads at a time against the key (a short group repeats its last head).
 template <class Key>
 [[gnu::always_inline]] inline void dot_heads_body(const float* q, int64_t q_stride, int n_heads, const Key* key, int64_t n,
                                                   float* out) {
-    // fp32 products summed in fp32 over 32 interleaved lanes (lane k takes elements i ≡ k mod 32,
-    // in order), then the lanes in a fixed tree: a fixed order (reproducible) independent of the
-    // vector width. Four heads at a time: eight independent accumulator chains share each load
-    // of the key, and their trees are reduced together.
-    constexpr int kGroup = 4;
-    for (int h0 = 0; h0 < n_heads; h0 += kGroup) {
-        const float* qh[kGroup];
-        for (int g = 0; g < kGroup; ++g) qh[g] = q + std::min(h0 + g, n_heads - 1) * q_stride;  // pad: repeat
-        f32x16 lo[kGroup] = {}, hi[kGroup] = {};  // lanes 0..15, 16..31
-        int64_t i = 0;
-        for (; i + 2 * kVec <= n; i += 2 * kVec) {
-            const f32x16 k0 = load16(key + i), k1 = load16(key + i + kVec);
-            for (int g = 0; g < kGroup; ++g) {
-                lo[g] += load16(qh[g] + i) * k0;
-                hi[g] += load16(qh[g] + i + kVec) * k1;
-            }
-        }
-        for (int64_t k = 0; i + k < n; ++k)  // the tail: element i + k goes to lane k (i is a multiple of 32)
-            for (int g = 0; g < kGroup; ++g) {
-                const float prod = qh[g][i + k] * value_at(key, i + k);
-                if (k < kVec)
-                    lo[g][k] += prod;
-                else
-                    hi[g][k - kVec] += prod;
-            }
-        f32x16 s[kGroup];
-        for (int g = 0; g < kGroup; ++g) s[g] = lo[g] + hi[g];  // lane k += lane k + 16
-        const f32x16 sums = reduce_four(s);
-        for (int g = 0; g < kGroup && h0 + g < n_heads; ++g) out[h0 + g] = sums[g];
+    for (int h0 = 0; h0 < n_heads; h0 += 4) {
+        const float* qh[4];
+        for (int g = 0; g < 4; ++g) qh[g] = q + std::min(h0 + g, n_heads - 1) * q_stride;
+        const f32x16 sums = four_dots(qh, key, n);
+        for (int g = 0; g < 4 && h0 + g < n_heads; ++g) out[h0 + g] = sums[g];
     }
 }
 
@@ -188,34 +193,14 @@ MS_VECTOR_CLONES void dot_heads(const float* q, int64_t q_stride, int n_heads, c
 
 MS_VECTOR_CLONES void dot_keys(const float* q, const uint16_t* const* keys, int64_t n_keys, int64_t n, float* out) {
     // dot_heads with the roles turned round: four keys against one q (a short group repeats its
-    // last key); each (q, key) pair gets dot_heads' lanes, products and tree.
-    constexpr int kGroup = 4;
-    for (int64_t j0 = 0; j0 < n_keys; j0 += kGroup) {
-        const uint16_t* kg[kGroup];
-        for (int g = 0; g < kGroup; ++g) kg[g] = keys[std::min<int64_t>(j0 + g, n_keys - 1)];
+    // last key); a product key * q is q * key, so each pair gets dot_heads' bits.
+    for (int64_t j0 = 0; j0 < n_keys; j0 += 4) {
+        const uint16_t* kg[4];
+        for (int g = 0; g < 4; ++g) kg[g] = keys[std::min<int64_t>(j0 + g, n_keys - 1)];
         // Keys sit wherever their caches put them: fetch the next group's starts ahead.
-        for (int64_t j = j0 + kGroup; j < std::min(n_keys, j0 + 2 * kGroup); ++j) __builtin_prefetch(keys[j], 0, 3);
-        f32x16 lo[kGroup] = {}, hi[kGroup] = {};
-        int64_t i = 0;
-        for (; i + 2 * kVec <= n; i += 2 * kVec) {
-            const f32x16 q0 = load16(q + i), q1 = load16(q + i + kVec);
-            for (int g = 0; g < kGroup; ++g) {
-                lo[g] += q0 * load16(kg[g] + i);
-                hi[g] += q1 * load16(kg[g] + i + kVec);
-            }
-        }
-        for (int64_t k = 0; i + k < n; ++k)
-            for (int g = 0; g < kGroup; ++g) {
-                const float prod = q[i + k] * bf16_value(kg[g][i + k]);
-                if (k < kVec)
-                    lo[g][k] += prod;
-                else
-                    hi[g][k - kVec] += prod;
-            }
-        f32x16 s[kGroup];
-        for (int g = 0; g < kGroup; ++g) s[g] = lo[g] + hi[g];
-        const f32x16 sums = reduce_four(s);
-        for (int g = 0; g < kGroup && j0 + g < n_keys; ++g) out[j0 + g] = sums[g];
+        for (int64_t j = j0 + 4; j < std::min(n_keys, j0 + 8); ++j) __builtin_prefetch(keys[j], 0, 3);
+        const f32x16 sums = four_dots(kg, q, n);
+        for (int g = 0; g < 4 && j0 + g < n_keys; ++g) out[j0 + g] = sums[g];
     }
 }
 
