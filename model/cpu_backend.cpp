@@ -418,35 +418,33 @@ void cpu_backend::output_sum(std::span<const output_term> terms, int64_t n, int6
                     prefetch_to_l2(t.w.row(unit * width), std::min<int64_t>(kStreamStartBytes, (std::min(dim, run_end * width) -
                                                                                                 unit * width) * int64_t(t.w.row_stride)));
         }
-        {
-            const int64_t d0 = unit * width, w = std::min(width, dim - d0);
-            sc.acc.assign(size_t(n * w), 0.0f);
-            if (sc.y.size() < size_t(max_m * w)) sc.y.resize(size_t(max_m * w));
-            for (const auto& t : terms) {
-                if (t.m == 0) continue;
-                const float* y = t.y ? t.y + d0 : nullptr;
-                int64_t y_stride = dim;
-                if (!t.w.empty()) {
-                    moestream::matmul(t.w.type, t.w.row(d0), w, t.w.cols, t.h, t.m, t.w.cols, sc.y.data(), w);
-                    round_to_bf16(sc.y.data(), t.m * w);
-                    y = sc.y.data();
-                    y_stride = w;
-                }
-                for (int64_t i = 0; i < t.m; ++i) {
-                    float* a = sc.acc.data() + (t.rows ? t.rows[i] : i) * w;
-                    const float* yi = y + i * y_stride;
-                    for (int64_t d = 0; d < w; ++d) a[d] += yi[d];
-                }
+        const int64_t d0 = unit * width, w = std::min(width, dim - d0);
+        sc.acc.assign(size_t(n * w), 0.0f);
+        if (sc.y.size() < size_t(max_m * w)) sc.y.resize(size_t(max_m * w));
+        for (const auto& t : terms) {
+            if (t.m == 0) continue;
+            const float* y = t.y ? t.y + d0 : nullptr;
+            int64_t y_stride = dim;
+            if (!t.w.empty()) {
+                moestream::matmul(t.w.type, t.w.row(d0), w, t.w.cols, t.h, t.m, t.w.cols, sc.y.data(), w);
+                round_to_bf16(sc.y.data(), t.m * w);
+                y = sc.y.data();
+                y_stride = w;
             }
-            for (int64_t r = 0; r < n; ++r) {
-                float* fr = f + r * dim + d0;
-                const float* a = sc.acc.data() + r * w;
-                for (int64_t d = 0; d < w; ++d) fr[d] = round_to_bf16(a[d]);
-                if (!upd) continue;
-                float* Hr = upd->H + r * hc * dim + d0;
-                elementwise::expand_cols(fr, Hr, hc, dim, w, upd->post + r * hc, upd->comb + r * hc * hc, Hr);
-                if (upd->next) elementwise::collapse_cols(Hr, hc, dim, w, upd->pre + r * hc, upd->next + r * dim + d0);
+            for (int64_t i = 0; i < t.m; ++i) {
+                float* a = sc.acc.data() + (t.rows ? t.rows[i] : i) * w;
+                const float* yi = y + i * y_stride;
+                for (int64_t d = 0; d < w; ++d) a[d] += yi[d];
             }
+        }
+        for (int64_t r = 0; r < n; ++r) {
+            float* fr = f + r * dim + d0;
+            const float* a = sc.acc.data() + r * w;
+            for (int64_t d = 0; d < w; ++d) fr[d] = round_to_bf16(a[d]);
+            if (!upd) continue;
+            float* Hr = upd->H + r * hc * dim + d0;
+            elementwise::expand_cols(fr, Hr, hc, dim, w, upd->post + r * hc, upd->comb + r * hc * hc, Hr);
+            if (upd->next) elementwise::collapse_cols(Hr, hc, dim, w, upd->pre + r * hc, upd->next + r * dim + d0);
         }
     });
 }
