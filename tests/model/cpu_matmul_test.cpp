@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "model/bf16.h"
@@ -81,6 +82,22 @@ std::vector<float> run(thread_pool* pool, const matrix& m, const std::vector<flo
     for (int64_t r = 0; r < n_rows; ++r)
         for (int64_t o = m.out_rows; o < y_stride; ++o) BOOST_REQUIRE(y[size_t(r * y_stride + o)] == kSentinel);
     return y;
+}
+
+// Runs the batch of n_rows x rows (x_stride apart) on each pool (nullptr: single-threaded) and
+// each row alone, and calls check(r, o, got, alone, x row r) for every value of the batch: the
+// row-by-row kernel choices (bf16-x or fp32) must not depend on the rows beside it.
+template <class Check>
+void check_batch_and_rows(std::span<thread_pool* const> pools, const matrix& m, const std::vector<float>& x,
+                          int64_t n_rows, int64_t x_stride, int64_t y_stride, Check&& check) {
+    for (thread_pool* pool : pools) {
+        const auto y = run(pool, m, x, n_rows, x_stride, y_stride);
+        for (int64_t r = 0; r < n_rows; ++r) {
+            const float* xr = x.data() + r * x_stride;
+            const auto alone = run(pool, m, std::vector<float>(xr, xr + m.in_cols), 1, m.in_cols, m.out_rows);
+            for (int64_t o = 0; o < m.out_rows; ++o) check(r, o, y[size_t(r * y_stride + o)], alone[size_t(o)], xr);
+        }
+    }
 }
 
 // Restores the dispatcher even when a check throws.
@@ -217,26 +234,18 @@ BOOST_AUTO_TEST_CASE(bf16_rows_with_bf16_exact_x) {
         auto x = make_x(n_rows, s.in_cols, x_stride, ++seed);
         for (int64_t r = 0; r < n_rows; r += 2)  // rows 0 and 2 exact, 1 and 3 not
             for (int64_t i = 0; i < s.in_cols; ++i) x[size_t(r * x_stride + i)] = round_to_bf16(x[size_t(r * x_stride + i)]);
-        for (thread_pool* pool : pools) {
-            const auto y = run(pool, m, x, n_rows, x_stride, y_stride);
-            for (int64_t r = 0; r < n_rows; ++r) {
-                const float* xr = x.data() + r * x_stride;
-                const auto alone = run(pool, m, std::vector<float>(xr, xr + s.in_cols), 1, s.in_cols, s.out_rows);
-                for (int64_t o = 0; o < s.out_rows; ++o) {
-                    const float got = y[size_t(r * y_stride + o)];
-                    const float want = quant::dot_row(ggml_type::bf16, m.bytes.data() + o * m.row_bytes, xr, s.in_cols);
-                    BOOST_REQUIRE_MESSAGE(same_bits(got, want) && same_bits(got, alone[size_t(o)]),
-                                          s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
-                    double ref = 0, mag = 0;
-                    for (int64_t i = 0; i < s.in_cols; ++i) {
-                        const double p = double(m.dequantized[size_t(o * s.in_cols + i)]) * xr[i];
-                        ref += p;
-                        mag += std::fabs(p);
-                    }
-                    BOOST_REQUIRE(std::fabs(got - ref) <= 1e-5 * mag);
-                }
+        check_batch_and_rows(pools, m, x, n_rows, x_stride, y_stride, [&](int64_t r, int64_t o, float got, float alone, const float* xr) {
+            const float want = quant::dot_row(ggml_type::bf16, m.bytes.data() + o * m.row_bytes, xr, s.in_cols);
+            BOOST_REQUIRE_MESSAGE(same_bits(got, want) && same_bits(got, alone),
+                                  s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
+            double ref = 0, mag = 0;
+            for (int64_t i = 0; i < s.in_cols; ++i) {
+                const double p = double(m.dequantized[size_t(o * s.in_cols + i)]) * xr[i];
+                ref += p;
+                mag += std::fabs(p);
             }
-        }
+            BOOST_REQUIRE(std::fabs(got - ref) <= 1e-5 * mag);
+        });
     }
 }
 
@@ -261,21 +270,13 @@ BOOST_AUTO_TEST_CASE(mxfp4_rows_with_bf16_exact_x) {
             for (int64_t i = 0; i < s.in_cols; ++i) x[size_t(r * x_stride + i)] = round_to_bf16(x[size_t(r * x_stride + i)]);
         x[size_t(3 * x_stride + s.in_cols / 2)] = 0x1p-110f;
         x[size_t(4 * x_stride + 1)] = -0x1p101f;
-        for (thread_pool* pool : pools) {
-            const auto y = run(pool, m, x, n_rows, x_stride, y_stride);
-            for (int64_t r = 0; r < n_rows; ++r) {
-                const float* xr = x.data() + r * x_stride;
-                const auto alone = run(pool, m, std::vector<float>(xr, xr + s.in_cols), 1, s.in_cols, s.out_rows);
-                for (int64_t o = 0; o < s.out_rows; ++o) {
-                    const uint8_t* row = m.bytes.data() + o * m.row_bytes;
-                    const float got = y[size_t(r * y_stride + o)];
-                    BOOST_REQUIRE_MESSAGE(same_bits(got, fp32.one(row, xr, s.in_cols)) &&
-                                              same_bits(got, quant::dot_row(ggml_type::mxfp4, row, xr, s.in_cols)) &&
-                                              same_bits(got, alone[size_t(o)]),
-                                          s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
-                }
-            }
-        }
+        check_batch_and_rows(pools, m, x, n_rows, x_stride, y_stride, [&](int64_t r, int64_t o, float got, float alone, const float* xr) {
+            const uint8_t* row = m.bytes.data() + o * m.row_bytes;
+            BOOST_REQUIRE_MESSAGE(same_bits(got, fp32.one(row, xr, s.in_cols)) &&
+                                      same_bits(got, quant::dot_row(ggml_type::mxfp4, row, xr, s.in_cols)) &&
+                                      same_bits(got, alone),
+                                  s.out_rows << "x" << s.in_cols << " r=" << r << " o=" << o);
+        });
     }
 }
 
