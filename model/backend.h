@@ -16,8 +16,9 @@
 namespace moestream {
 
 // One query row of a sparse attention: its keys (= values, MQA with K = V) given as pointers to
-// head_dim-value vectors in bf16 (their bits: every key is a rounded bf16 value, so the
-// caches keep them at half the bytes), window entries first, then selected compressed entries.
+// head_dim-value vectors stored as model/attention_keys.h says (bf16 bits, since every key is a
+// rounded bf16 value, in an order the kernels load without shuffles), window entries first, then
+// selected compressed entries.
 struct attention_row {
     const float* q = nullptr;       // n_heads * head_dim
     const uint16_t* const* keys = nullptr;

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "config/assert.h"
+#include "model/attention_keys.h"
 #include "model/bf16.h"
 
 namespace moestream::elementwise {
@@ -50,9 +51,24 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
     return v;
 }
 
-// One stored value as fp32 (the scalar tails).
+// One stored value as fp32 (the scalar tails, which attention keys keep in order).
 [[gnu::always_inline]] inline float value_at(const float* p, int64_t i) { return p[i]; }
 [[gnu::always_inline]] inline float value_at(const uint16_t* p, int64_t i) { return bf16_value(p[i]); }
+
+// Values 0..15 and 16..31 of a 32-value chunk: of floats, or of an attention key's chunk in its
+// interleaved order (model/attention_keys.h: dword j holds value j in its low word and value
+// j + 16 in its high word), as fp32 by one shift and one mask, no shuffle.
+[[gnu::always_inline]] inline void load_halves(const float* p, f32x16& lo, f32x16& hi) {
+    lo = load16(p);
+    hi = load16(p + kVec);
+}
+[[gnu::always_inline]] inline void load_halves(const uint16_t* p, f32x16& lo, f32x16& hi) {
+    u32x16 u;
+    std::memcpy(&u, p, sizeof u);
+    const u32x16 l = u << 16, h = u & 0xffff0000u;
+    std::memcpy(&lo, &l, sizeof lo);
+    std::memcpy(&hi, &h, sizeof hi);
+}
 
 // round_to_bf16 (model/bf16.h) lane by lane, the same integer operations.
 [[gnu::always_inline]] inline f32x16 round16_to_bf16(const f32x16& x) {
@@ -142,16 +158,20 @@ namespace {
 // Four dots against one vector b: lane g of the result is Σ_i a[g][i] b[i], fp32 products summed
 // in fp32 over 32 interleaved lanes (lane k takes elements i ≡ k mod 32, in order), then the
 // lanes in a fixed tree: a fixed order (reproducible) independent of the vector width. The eight
-// accumulator chains share each load of b. a and b hold fp32 values or bf16 bits.
+// accumulator chains share each load of b. a and b hold fp32 values or attention keys (bf16 bits
+// in their storage order).
 template <class A, class B>
 [[gnu::always_inline]] inline f32x16 four_dots(const A* const (&a)[4], const B* b, int64_t n) {
     f32x16 lo[4] = {}, hi[4] = {};  // lanes 0..15, 16..31
     int64_t i = 0;
     for (; i + 2 * kVec <= n; i += 2 * kVec) {
-        const f32x16 b0 = load16(b + i), b1 = load16(b + i + kVec);
+        f32x16 b0, b1;
+        load_halves(b + i, b0, b1);
         for (int g = 0; g < 4; ++g) {
-            lo[g] += load16(a[g] + i) * b0;
-            hi[g] += load16(a[g] + i + kVec) * b1;
+            f32x16 a0, a1;
+            load_halves(a[g] + i, a0, a1);
+            lo[g] += a0 * b0;
+            hi[g] += a1 * b1;
         }
     }
     for (int64_t k = 0; i + k < n; ++k)  // the tail: element i + k goes to lane k (i is a multiple of 32)
@@ -322,32 +342,100 @@ MS_VECTOR_CLONES void rotate_pairs(float* t, const float* c, const float* s, int
     }
 }
 
+namespace {
+
+// The 16 values [d0, d0 + 16) of an attention key of n values as fp32: the low or high half of
+// an interleaved chunk, or 16 values of the in-order tail (model/attention_keys.h).
+struct key_slice {
+    int64_t offset;  // of the chunk, or of the values in the tail
+    int part;        // 0: low half, 1: high half, 2: in order
+    key_slice(int64_t d0, int64_t n) {
+        const int64_t chunk = d0 - d0 % kKeyChunk;
+        if (chunk + kKeyChunk <= n) {
+            offset = chunk;
+            part = d0 % kKeyChunk < kVec ? 0 : 1;
+        } else {
+            offset = d0;
+            part = 2;
+        }
+    }
+};
+
+template <int kPart>
+[[gnu::always_inline]] inline f32x16 load_slice(const uint16_t* key) {
+    if constexpr (kPart == 2) {
+        return load16(key);
+    } else {
+        f32x16 lo, hi;
+        load_halves(key, lo, hi);
+        return kPart == 0 ? lo : hi;
+    }
+}
+
+// attend_slice's full-width case for one group of heads.
+template <int kPart, int kGroup>
+[[gnu::always_inline]] inline void attend_slice_group(const uint16_t* const* keys, int64_t n_keys, int64_t offset,
+                                                      const float* const (&ph)[kGroup], f32x16 (&acc)[kGroup],
+                                                      bool prefetch) {
+    for (int64_t i = 0; i < n_keys; ++i) {
+        // Keys are scattered (no stream for the hardware to follow): fetch ahead by hand.
+        if (prefetch && i + 8 < n_keys) __builtin_prefetch(keys[i + 8] + offset, 0, 3);
+        const f32x16 k = load_slice<kPart>(keys[i] + offset);
+        for (int g = 0; g < kGroup; ++g) acc[g] += ph[g][i] * k;
+    }
+}
+
+// kChunks whole chunks [d0, d0 + 32 kChunks) of one head's attention output (attend_head).
+template <int kChunks>
+[[gnu::always_inline]] inline void attend_chunks(const uint16_t* const* keys, int64_t n_keys, const float* p, float inv,
+                                                 int64_t d0, float* out) {
+    f32x16 acc[2 * kChunks] = {};
+    for (int64_t i = 0; i < n_keys; ++i) {
+        if (i + 4 < n_keys) __builtin_prefetch(keys[i + 4] + d0, 0, 3);
+        const uint16_t* k = keys[i] + d0;
+        for (int c = 0; c < kChunks; ++c) {
+            f32x16 lo, hi;
+            load_halves(k + c * kKeyChunk, lo, hi);
+            acc[2 * c] += p[i] * lo;
+            acc[2 * c + 1] += p[i] * hi;
+        }
+    }
+    for (int c = 0; c < kChunks; ++c) {
+        store16(out + d0 + c * kKeyChunk, round16_to_bf16(acc[2 * c] * inv));
+        store16(out + d0 + c * kKeyChunk + kVec, round16_to_bf16(acc[2 * c + 1] * inv));
+    }
+}
+
+}  // namespace
+
 MS_VECTOR_CLONES void attend_slice(const uint16_t* const* keys, int64_t n_keys, const float* p, const float* inv,
                                    int n_heads, int64_t head_dim, int64_t d0, int64_t width, float* out) {
     MS_ASSERT(n_heads >= 1 && width >= 1 && width <= kAttentionSlice && d0 + width <= head_dim);
-    static_assert(kAttentionSlice == kVec);
+    static_assert(kAttentionSlice == kVec && kKeyChunk == 2 * kVec);
     // Four heads at a time (four independent accumulator chains per key slice loaded); a short
     // group repeats its last head and drops the copies.
     constexpr int kGroup = 4;
+    const key_slice at(d0, head_dim);
     for (int h0 = 0; h0 < n_heads; h0 += kGroup) {
         const float* ph[kGroup];
         for (int g = 0; g < kGroup; ++g) ph[g] = p + std::min(h0 + g, n_heads - 1) * n_keys;
         const int in_group = std::min(kGroup, n_heads - h0);
-        if (width == kVec) {
+        if (width == kVec && d0 % kVec == 0) {
             f32x16 acc[kGroup] = {};
-            for (int64_t i = 0; i < n_keys; ++i) {
-                // Keys are scattered (no stream for the hardware to follow): fetch ahead by hand.
-                if (h0 == 0 && i + 8 < n_keys) __builtin_prefetch(keys[i + 8] + d0, 0, 3);
-                const f32x16 k = load16(keys[i] + d0);
-                for (int g = 0; g < kGroup; ++g) acc[g] += ph[g][i] * k;
-            }
+            const bool prefetch = h0 == 0;
+            if (at.part == 0)
+                attend_slice_group<0>(keys, n_keys, at.offset, ph, acc, prefetch);
+            else if (at.part == 1)
+                attend_slice_group<1>(keys, n_keys, at.offset, ph, acc, prefetch);
+            else
+                attend_slice_group<2>(keys, n_keys, at.offset, ph, acc, prefetch);
             for (int g = 0; g < in_group; ++g)
                 store16(out + (h0 + g) * head_dim + d0, round16_to_bf16(acc[g] * inv[h0 + g]));
         } else {
             float acc[kGroup][kVec] = {};
             for (int64_t i = 0; i < n_keys; ++i)
                 for (int g = 0; g < kGroup; ++g)
-                    for (int64_t d = 0; d < width; ++d) acc[g][d] += ph[g][i] * bf16_value(keys[i][d0 + d]);
+                    for (int64_t d = 0; d < width; ++d) acc[g][d] += ph[g][i] * key_value(keys[i], d0 + d, head_dim);
             for (int g = 0; g < in_group; ++g)
                 for (int64_t d = 0; d < width; ++d)
                     out[(h0 + g) * head_dim + d0 + d] = round_to_bf16(acc[g][d] * inv[h0 + g]);
@@ -357,26 +445,27 @@ MS_VECTOR_CLONES void attend_slice(const uint16_t* const* keys, int64_t n_keys, 
 
 MS_VECTOR_CLONES void attend_head(const uint16_t* const* keys, int64_t n_keys, const float* p, float inv,
                                   int64_t head_dim, float* out) {
-    // Up to kBlock slices at a time, each key's part of them loaded once; per value the same
-    // products and sums in the same order as attend_slice.
-    constexpr int64_t kBlock = 8;
+    // Up to four chunks (eight accumulators) at a time, each key's part of them loaded once; per
+    // value the same products and sums in the same order as attend_slice.
+    const int64_t whole = head_dim - head_dim % kKeyChunk;
     int64_t d0 = 0;
-    for (; d0 + kVec <= head_dim; d0 += kBlock * kVec) {
-        const int64_t slices = std::min(kBlock, (head_dim - d0) / kVec);
-        f32x16 acc[kBlock] = {};
-        for (int64_t i = 0; i < n_keys; ++i) {
-            if (i + 4 < n_keys) __builtin_prefetch(keys[i + 4] + d0, 0, 3);
-            const uint16_t* k = keys[i] + d0;
-            for (int64_t s = 0; s < slices; ++s) acc[s] += p[i] * load16(k + s * kVec);
-        }
-        for (int64_t s = 0; s < slices; ++s) store16(out + d0 + s * kVec, round16_to_bf16(acc[s] * inv));
-        if (slices < kBlock) {
-            d0 += slices * kVec;
-            break;
-        }
+    for (; d0 + 4 * kKeyChunk <= whole; d0 += 4 * kKeyChunk) attend_chunks<4>(keys, n_keys, p, inv, d0, out);
+    switch ((whole - d0) / kKeyChunk) {
+        case 3: attend_chunks<3>(keys, n_keys, p, inv, d0, out); break;
+        case 2: attend_chunks<2>(keys, n_keys, p, inv, d0, out); break;
+        case 1: attend_chunks<1>(keys, n_keys, p, inv, d0, out); break;
+        default: break;
+    }
+    d0 = whole;
+    // The in-order tail: a 16-value slice, then single values (attend_slice's forms).
+    if (d0 + kVec <= head_dim) {
+        f32x16 acc = {};
+        for (int64_t i = 0; i < n_keys; ++i) acc += p[i] * load16(keys[i] + d0);
+        store16(out + d0, round16_to_bf16(acc * inv));
+        d0 += kVec;
     }
     if (d0 >= head_dim) return;
-    const int64_t width = head_dim - d0;  // < kVec: attend_slice's scalar form
+    const int64_t width = head_dim - d0;
     float acc[kVec] = {};
     for (int64_t i = 0; i < n_keys; ++i)
         for (int64_t d = 0; d < width; ++d) acc[d] += p[i] * bf16_value(keys[i][d0 + d]);

@@ -12,13 +12,14 @@ namespace moestream::elementwise {
 // out[h] = Σ_i q_h[i] key[i] for h < n_heads (q_h = q + h q_stride): fp32 products summed in
 // fp32 over 32 fixed lanes (lane k takes i ≡ k mod 32, in order), then the lanes in a fixed tree
 // (k += k + 16, + 8, + 4, + 2, + 1). The backend's former per-head dot, several heads at a time.
-// The key in fp32 (the indexer's keys) or as bf16 bits (attention's): the same values, the same bits.
+// The key in fp32 (the indexer's keys) or as an attention key (bf16 bits in the storage order of
+// model/attention_keys.h): the same values, the same bits.
 void dot_heads(const float* q, int64_t q_stride, int n_heads, const float* key, int64_t n, float* out);
 void dot_heads(const float* q, int64_t q_stride, int n_heads, const uint16_t* key, int64_t n, float* out);
 
 // out[j] = dot_heads' value for one head q against keys[j], j < n_keys: the same lanes and tree
 // per key, several keys sharing each load of q (one head's scores over a row's keys).
-// Keys as bf16 bits (attention_row's).
+// Keys stored as attention_row's (model/attention_keys.h).
 void dot_keys(const float* q, const uint16_t* const* keys, int64_t n_keys, int64_t n, float* out);
 
 // Σ x[i]² in double over 16 fixed lanes (i mod 16), then the lanes in a fixed tree. Each square
@@ -64,7 +65,8 @@ void rotate_pairs(float* t, const float* c, const float* s, int64_t pairs);
 
 // One slice [d0, d0 + width) of every head's attention output for one query row:
 // out[h][d] = bf16((Σ_i p[h][i] key_i[d]) · inv[h]), the sum over keys ascending from 0
-// (p: n_heads rows of n_keys weights, inv: n_heads factors). width <= kAttentionSlice.
+// (p: n_heads rows of n_keys weights, inv: n_heads factors; keys stored as attention_row's).
+// width <= kAttentionSlice.
 inline constexpr int64_t kAttentionSlice = 16;
 void attend_slice(const uint16_t* const* keys, int64_t n_keys, const float* p, const float* inv, int n_heads,
                   int64_t head_dim, int64_t d0, int64_t width, float* out);

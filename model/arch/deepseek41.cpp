@@ -331,7 +331,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 detail::act_quant(env, act_quant_kind::fp4_e4m3_16, lat.data(), int64_t(lat.size()));
                 for (int64_t k = 0; k < ne; ++k) {
                     MS_ASSERT_MSG(idx[size_t(k)] == c.entries, "compressed entries must be appended in order");
-                    detail::store_keys(lat.data() + k * hd, hd, c.latents.data() + c.entries * hd);
+                    detail::store_keys(lat.data() + k * hd, 1, hd, c.latents.data() + c.entries * hd);
                     std::copy_n(ik.data() + k * hp.index_head_dim, hp.index_head_dim,
                                 c.index_keys.data() + c.entries * hp.index_head_dim);
                     ++c.entries;
@@ -423,7 +423,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
 
         // ---- sparse attention over window + selected compressed entries ----
         kv_bits.resize(kv.size());
-        detail::store_keys(kv.data(), int64_t(kv.size()), kv_bits.data());
+        detail::store_keys(kv.data(), int64_t(kv.size()) / hd, hd, kv_bits.data());
         for (const auto& it : items) {
             const auto& ring = it.seq->rings_[size_t(L)];
             const int64_t cap = it.seq->ring_capacity_;
@@ -509,9 +509,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         for (int64_t t = from; t < it.count; ++t) {
             const int64_t p = it.start + t, r = it.first + t;
             for (int L = 0; L < hp.n_layers; ++L)
-                detail::store_keys(layer_kv[size_t(L)].data() + r * hd, hd, seq.rings_[size_t(L)].data() + (p % cap) * hd);
+                detail::store_keys(layer_kv[size_t(L)].data() + r * hd, 1, hd, seq.rings_[size_t(L)].data() + (p % cap) * hd);
             for (int s = 0; s < int(stage_kv.size()); ++s)
-                detail::store_keys(stage_kv[size_t(s)].data() + r * hd, hd, seq.draft_rings_[size_t(s)].data() + (p % cap) * hd);
+                detail::store_keys(stage_kv[size_t(s)].data() + r * hd, 1, hd, seq.draft_rings_[size_t(s)].data() + (p % cap) * hd);
         }
         seq.tokens_.insert(seq.tokens_.end(), batch[i].tokens.begin(), batch[i].tokens.end());
         if (draft_) {

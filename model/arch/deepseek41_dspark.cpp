@@ -61,7 +61,7 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
         for (int64_t pp = std::max<int64_t>(0, p - hp.window + 1); pp <= p; ++pp)
             keys.push_back(ring.data() + (pp % seq.ring_capacity_) * hd);
         kv_bits.resize(kv.size());
-        detail::store_keys(kv.data(), int64_t(kv.size()), kv_bits.data());
+        detail::store_keys(kv.data(), int64_t(kv.size()) / hd, hd, kv_bits.data());
         for (int r = 0; r < B; ++r) keys.push_back(kv_bits.data() + r * hd);
         for (auto& ar : arows) {
             ar.keys = keys.data();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/arch/deepseek41.h"
+#include "model/attention_keys.h"
 #include "model/bf16.h"
 
 namespace moestream::dsv41::detail {
@@ -61,11 +62,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
            const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
            const layer_weights* next = nullptr, const std::function<hc_update()>& update = {});
 
-// n attention-key values into their bf16 storage (attention_row's keys): every key the model
-// makes is already rounded to bf16 (norm, RoPE and quantisation outputs are), so the values are
-// kept; one that is not would be a bug upstream.
-inline void store_keys(const float* x, int64_t n, uint16_t* out) {
-    const bool exact = to_bf16_bits_exact(x, n, out);
+// n_keys attention keys of head_dim values into their storage (model/attention_keys.h): every
+// key the model makes is already rounded to bf16 (norm, RoPE and quantisation outputs are), so
+// the values are kept; one that is not would be a bug upstream.
+inline void store_keys(const float* x, int64_t n_keys, int64_t head_dim, uint16_t* out) {
+    const bool exact = store_attention_keys(x, n_keys, head_dim, out);
     MS_ASSERT_MSG(exact, "attention keys must be bf16 values");
 }
 

@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "model/attention_keys.h"
 #include "model/bf16.h"
 #include "model/cpu_elementwise.h"
 #include "model/quant.h"
@@ -218,7 +219,7 @@ void ref_attention(std::span<const attention_row> rows, int n_heads, int64_t hea
             std::vector<float> p(static_cast<size_t>(row.n_keys)), key(static_cast<size_t>(head_dim));
             float m = -1e30f;  // the scores' max (the sink is not in it)
             for (int64_t i = 0; i < row.n_keys; ++i) {
-                for (int64_t d = 0; d < head_dim; ++d) key[size_t(d)] = bf16_value(row.keys[i][d]);
+                for (int64_t d = 0; d < head_dim; ++d) key[size_t(d)] = key_value(row.keys[i], d, head_dim);
                 p[size_t(i)] = float(ref_dot(q, key.data(), head_dim)) * scale;
                 m = std::max(m, p[size_t(i)]);
             }
@@ -226,7 +227,7 @@ void ref_attention(std::span<const attention_row> rows, int n_heads, int64_t hea
             for (int64_t i = 0; i < row.n_keys; ++i) denom += (p[size_t(i)] = std::exp(p[size_t(i)] - m));
             for (int64_t i = 0; i < row.n_keys; ++i) {
                 const float a = bf16_probs ? round_to_bf16(p[size_t(i)]) : p[size_t(i)];
-                for (int64_t d = 0; d < head_dim; ++d) o[d] += a * bf16_value(row.keys[i][d]);
+                for (int64_t d = 0; d < head_dim; ++d) o[d] += a * key_value(row.keys[i], d, head_dim);
             }
             const float inv = 1.0f / denom;
             for (int64_t d = 0; d < head_dim; ++d) o[d] = round_to_bf16(o[d] * inv);
@@ -708,7 +709,7 @@ attention_case make_attention_case(int n_heads, int64_t head_dim, std::vector<in
     const int64_t pool_keys = std::max<int64_t>(1, *std::max_element(c.n_keys.begin(), c.n_keys.end()) + 7);
     c.pool = bf16_floats(size_t(pool_keys * head_dim), seed);
     c.pool_bits.resize(c.pool.size());
-    BOOST_REQUIRE(to_bf16_bits_exact(c.pool.data(), int64_t(c.pool.size()), c.pool_bits.data()));
+    BOOST_REQUIRE(store_attention_keys(c.pool.data(), pool_keys, head_dim, c.pool_bits.data()));
     c.q = bf16_floats(size_t(int64_t(c.n_keys.size()) * c.q_dim()), seed + 1, 2.0f);
     c.sinks = random_floats(size_t(n_heads), seed + 2);
     std::mt19937 rng(seed + 3);
@@ -749,7 +750,7 @@ std::vector<double> exact_attention(const attention_case& c, size_t r) {
             long double d = 0;
             for (int64_t k = 0; k < c.head_dim; ++k)
                 d += (long double)c.q[size_t(int64_t(r) * c.q_dim() + h * c.head_dim + k)] *
-                     bf16_value(c.key_lists[r][size_t(i)][k]);
+                     key_value(c.key_lists[r][size_t(i)], k, c.head_dim);
             s[size_t(i)] = d * scale;
             m = std::max(m, s[size_t(i)]);
         }
@@ -757,7 +758,7 @@ std::vector<double> exact_attention(const attention_case& c, size_t r) {
         for (auto& v : s) denom += (v = std::exp(v - m));
         for (int64_t k = 0; k < c.head_dim; ++k) {
             long double acc = 0;
-            for (int64_t i = 0; i < c.n_keys[r]; ++i) acc += s[size_t(i)] * bf16_value(c.key_lists[r][size_t(i)][k]);
+            for (int64_t i = 0; i < c.n_keys[r]; ++i) acc += s[size_t(i)] * key_value(c.key_lists[r][size_t(i)], k, c.head_dim);
             out[size_t(h * c.head_dim + k)] = double(acc / denom);
         }
     }
@@ -765,6 +766,36 @@ std::vector<double> exact_attention(const attention_case& c, size_t r) {
 }
 
 }  // namespace
+
+// Attention keys are stored with the halves of every whole 32-value chunk interleaved and the
+// partial tail chunk in order: key_word is a permutation, and storing then reading gives the values.
+BOOST_AUTO_TEST_CASE(attention_keys_interleave_whole_chunks) {
+    for (int64_t n = 1; n <= 130; ++n) {
+        std::vector<bool> seen(size_t(n), false);
+        for (int64_t d = 0; d < n; ++d) {
+            const int64_t w = key_word(d, n);
+            BOOST_REQUIRE(w >= 0 && w < n && !seen[size_t(w)]);
+            seen[size_t(w)] = true;
+            if (d >= n - n % 32) BOOST_REQUIRE_EQUAL(w, d);
+        }
+    }
+    BOOST_TEST(key_word(0, 40) == 0);
+    BOOST_TEST(key_word(16, 40) == 1);
+    BOOST_TEST(key_word(1, 40) == 2);
+    BOOST_TEST(key_word(15, 40) == 30);
+    BOOST_TEST(key_word(31, 40) == 31);
+    BOOST_TEST(key_word(33, 40) == 33);
+    BOOST_TEST(key_word(47, 64) == 62);
+    BOOST_TEST(key_word(48, 64) == 33);
+    const auto x = bf16_floats(2 * 72, 5);
+    std::vector<uint16_t> bits(x.size());
+    BOOST_REQUIRE(store_attention_keys(x.data(), 2, 72, bits.data()));
+    for (int64_t k = 0; k < 2; ++k)
+        for (int64_t d = 0; d < 72; ++d) BOOST_REQUIRE(same_bits(key_value(bits.data() + k * 72, d, 72), x[size_t(k * 72 + d)]));
+    auto y = x;
+    y[100] = std::nextafter(y[100], 1e30f);
+    BOOST_TEST(!store_attention_keys(y.data(), 2, 72, bits.data()));
+}
 
 // attention: per value the same operations in the same order as the per-(row, head) loop, so the
 // outputs are bit-identical to it, for every thread count, with or without bf16 weights, for
@@ -776,7 +807,8 @@ BOOST_AUTO_TEST_CASE(attention_is_bit_identical_to_per_head_reference) {
         std::vector<int64_t> n_keys;
     };
     const std::vector<shape> shapes{
-        {16, 256, {1, 100, 0, 37, 256}}, {3, 40, {5, 1, 64, 0}}, {1, 16, {7}}, {2, 7, {3, 9}}};
+        {16, 256, {1, 100, 0, 37, 256}}, {3, 40, {5, 1, 64, 0}}, {1, 16, {7}}, {2, 7, {3, 9}},
+        {2, 48, {3, 20}}, {1, 96, {12}}, {4, 160, {9, 2}}};
     uint32_t seed = 60;
     for (const shape& s : shapes) {
         const auto c = make_attention_case(s.n_heads, s.head_dim, s.n_keys, seed += 10);

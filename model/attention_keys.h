@@ -1,0 +1,51 @@
+// How attention keys are stored (attention_row::keys): as bf16 bits (every key the model makes is
+// already a rounded bf16 value), and within each whole 32-value chunk of a key with its two
+// 16-value halves interleaved: word 2j holds value j, word 2j + 1 value j + 16. One 64-byte load
+// then gives both halves as fp32 lanes with one shift or one mask each (the kernels' lanes take
+// values j and j + 16 of a chunk), where widening 16 words kept in order costs shuffles that
+// bound the attention kernels. The values of a final partial chunk keep their order.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+#include "model/bf16.h"
+
+namespace moestream {
+
+inline constexpr int64_t kKeyChunk = 32;
+
+// The storage index of value d of an n-value key.
+inline int64_t key_word(int64_t d, int64_t n) {
+    const int64_t chunk = d - d % kKeyChunk;
+    if (chunk + kKeyChunk > n) return d;  // the partial tail chunk: in order
+    const int64_t j = d % kKeyChunk;
+    return chunk + (j < kKeyChunk / 2 ? 2 * j : 2 * (j - kKeyChunk / 2) + 1);
+}
+
+// Value d of a stored n-value key.
+inline float key_value(const uint16_t* key, int64_t d, int64_t n) { return bf16_value(key[key_word(d, n)]); }
+
+// n_keys keys of n values each (x: row-major floats) into their storage; false (out then partly
+// written) if some value is not exactly a bf16 value.
+inline bool store_attention_keys(const float* x, int64_t n_keys, int64_t n, uint16_t* out) {
+    constexpr int64_t half = kKeyChunk / 2;
+    const int64_t whole = n - n % kKeyChunk;
+    uint32_t low = 0;
+    const auto put = [&](float v, uint16_t* to) {
+        const uint32_t u = std::bit_cast<uint32_t>(v);
+        low |= u & 0xffffu;
+        *to = uint16_t(u >> 16);
+    };
+    for (int64_t k = 0; k < n_keys; ++k, x += n, out += n) {
+        for (int64_t c = 0; c < whole; c += kKeyChunk)
+            for (int64_t j = 0; j < half; ++j) {
+                put(x[c + j], out + c + 2 * j);
+                put(x[c + half + j], out + c + 2 * j + 1);
+            }
+        for (int64_t d = whole; d < n; ++d) put(x[d], out + d);
+    }
+    return low == 0;
+}
+
+}  // namespace moestream
