@@ -169,6 +169,15 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     std::vector<attention_row> arows(static_cast<size_t>(R));
     std::vector<std::vector<const uint16_t*>> keys(static_cast<size_t>(R));
     std::vector<uint16_t> kv_bits;  // this forward's window keys of the layer, bf16
+    // Buffers of one layer's steps, kept from layer to layer (a decode step would otherwise
+    // allocate and clear them 40 times); each is emptied or fully written where it is used.
+    std::vector<float> qi;      // the indexer's query, when the layer is an index source
+    std::vector<float> wi;      // the indexer's head weights
+    std::vector<float> ca, cz;  // the compressor's projections, when the layer is a kv source
+    std::vector<float> lat, ik, sc, bscore;
+    std::vector<int64_t> idx, at, n_vis;
+    std::vector<int32_t> order, ids;
+    std::vector<matmul_job> extra;
     // Engram rows depend only on token ids: hash every row of every engram layer now and
     // announce them, so the reads overlap the layers before the first engram layer.
     const int64_t n_eng = int64_t(hp.engram_layers.size()), ecols = hp.engram_columns();
@@ -250,14 +259,15 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
             x_fp8 = xq.data();
         }
-        std::vector<float> qi;  // the indexer's query, when this layer is an index source
-        std::vector<float> wi;  // the indexer's head weights
-        std::vector<float> ca, cz;  // the compressor's projections, when this layer is a kv source
+        qi.clear();
+        wi.clear();
+        ca.clear();
+        cz.clear();
         const int src_layer = ratio > 0 ? latest_at_or_before(hp.kv_source_layers, L) : -1;
         {
             // Batched with q_a / kv: this sub-layer's own hc mix (it only serves the expand and
             // the FFN's collapse), the indexer's weight projection and the compressor's.
-            std::vector<matmul_job> extra{mixA.job(env, H, R, lw.hc_attn_fn)};
+            extra.assign(1, mixA.job(env, H, R, lw.hc_attn_fn));
             if (ratio > 0 && hp.is_index_source(L)) {
                 wi.resize(size_t(R * hp.index_n_heads));
                 extra.push_back({lw.index_proj, x.data(), dim, R, wi.data(), hp.index_n_heads, true});
@@ -289,8 +299,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             MS_ASSERT(int64_t(ca.size()) == R * hd);  // computed in the first parallel step
             for (const auto& it : items) {
                 auto& c = source_of(it, L);
-                std::vector<float> lat;
-                std::vector<int64_t> idx;
+                lat.clear();
+                idx.clear();
                 for (int64_t t = 0; t < it.count; ++t) {
                     const int64_t r = it.first + t, p = it.start + t;
                     const float* ar = ca.data() + r * hd;
@@ -319,10 +329,10 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                 if (ne == 0) continue;
                 be_.round_bf16(lat.data(), int64_t(lat.size()));
                 be_.rms_norm(lat.data(), ne, hd, lw.compressor_norm.data, float(hp.norm_eps), lat.data(), true);
-                std::vector<float> ik(static_cast<size_t>(ne * hp.index_head_dim));
+                ik.resize(size_t(ne * hp.index_head_dim));
                 be_.matmul(lw.index_k, lat.data(), hd, ne, ik.data(), hp.index_head_dim, true);
                 be_.rms_norm(ik.data(), ne, hp.index_head_dim, lw.index_k_norm.data, float(hp.norm_eps), ik.data(), true);
-                std::vector<int64_t> at(idx.size());
+                at.resize(idx.size());
                 for (size_t k = 0; k < idx.size(); ++k) at[k] = idx[k] * ratio;  // a latent stands for its group's first token
                 be_.rope(ik.data(), ne, hp.index_head_dim, 1, hp.index_head_dim, hp.rope_dim, at.data(), freqs, false);
                 be_.rope(lat.data(), ne, hd, 1, hd, hp.rope_dim, at.data(), freqs, false);
@@ -367,9 +377,9 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                     MS_ASSERT(stale.entries >= n_total);
                     key_base = stale.index_keys.data();
                 }
-                std::vector<int64_t> n_vis(static_cast<size_t>(it.count));
+                n_vis.resize(size_t(it.count));
                 for (int64_t t = 0; t < it.count; ++t) n_vis[size_t(t)] = (it.start + t + 1) / ratio;
-                std::vector<float> sc(static_cast<size_t>(it.count * n_total));
+                sc.resize(size_t(it.count * n_total));
                 be_.indexer_scores(qi.data() + it.first * nh * ihd, wi.data() + it.first * nh, it.count, nh, ihd,
                                    key_base, n_total, n_vis.data(), sc.data());
                 for (int64_t t = 0; t < it.count; ++t) {
@@ -380,12 +390,12 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                         // newest visible entry pinned, top candidate_topk_blocks kept (§3.4.7).
                         const int64_t bs = hp.candidate_block_size;
                         const int64_t n_blocks = (n_total + bs - 1) / bs;
-                        std::vector<float> bscore(static_cast<size_t>(n_blocks), -kInf);
+                        bscore.assign(size_t(n_blocks), -kInf);
                         for (int64_t j = 0; j < n_total; ++j) bscore[size_t(j / bs)] = std::max(bscore[size_t(j / bs)], s[j]);
                         const int64_t pin = floor_div(n_vis[size_t(t)] - 1, bs);
                         if (pin >= 0) bscore[size_t(pin)] = kInf;
                         const int64_t keep = std::min(hp.candidate_topk_blocks, n_blocks);
-                        std::vector<int32_t> order(static_cast<size_t>(keep));
+                        order.resize(size_t(keep));
                         detail::top_k(bscore.data(), n_blocks, keep, order.data());
                         auto& mask = cand_mask[size_t(r)];
                         mask.assign(size_t(n_total), 0);
@@ -403,7 +413,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                     // Level 2: top-k over every entry present, ties to the lower index, back in
                     // index order; entries this row cannot see become -1.
                     const int64_t k = std::min(hp.index_topk, n_total);
-                    std::vector<int32_t> ids(static_cast<size_t>(hp.index_topk), -1);
+                    ids.assign(size_t(hp.index_topk), -1);
                     detail::top_k(s, n_total, k, ids.data());
                     std::sort(ids.begin(), ids.begin() + k);
                     for (int64_t j = 0; j < k; ++j)

@@ -45,14 +45,15 @@ void query_and_kv(const env& e, const layer_weights& lw, const float* x, const r
     qr.resize(size_t(n * hp.q_lora_rank));
     q.resize(size_t(n * hp.q_dim()));
     kv.resize(size_t(n * hp.head_dim));
-    std::vector<matmul_job> first{{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
-                                  {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}};
+    thread_local std::vector<matmul_job> first, second;  // kept between calls
+    first.assign({{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
+                  {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}});
     first.insert(first.end(), extra.begin(), extra.end());
     e.be.matmul_batch(first);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
     act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
     finish_window_kv(e, lw, rows, freqs, kv);
-    std::vector<matmul_job> second{{lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true}};
+    second.assign(1, {lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true});
     if (qi && !lw.index_q_b.empty()) {
         const int64_t width = int64_t(hp.index_n_heads) * hp.index_head_dim;
         qi->resize(size_t(n * width));
@@ -71,12 +72,24 @@ void window_kv(const env& e, const layer_weights& lw, const float* x, const rows
     finish_window_kv(e, lw, rows, freqs, kv);
 }
 
+namespace {
+
+// Buffers of attend_and_project, kept between calls (a decode step makes one call per layer).
+struct attend_scratch {
+    std::vector<float> o, u;
+    std::vector<matmul_job> groups;
+};
+thread_local attend_scratch t_attend;
+
+}  // namespace
+
 void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
                         std::vector<float>& out, const hc_update* upd) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
-    std::vector<float> o(static_cast<size_t>(n * hp.q_dim()));
+    std::vector<float>& o = t_attend.o;
+    o.resize(size_t(n * hp.q_dim()));
     for (int64_t r = 0; r < n; ++r) {
         arows[size_t(r)].q = q.data() + r * hp.q_dim();
         arows[size_t(r)].out = o.data() + r * hp.q_dim();
@@ -88,8 +101,10 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     // Grouped output: group g (heads g*hpg .. ) through its own row block of W_oa.
     const int64_t group_in = hp.head_dim * hp.heads_per_group();
     const int64_t low = hp.o_lora_rank * hp.o_groups;
-    std::vector<float> u(static_cast<size_t>(n * low));
-    std::vector<matmul_job> groups;
+    std::vector<float>& u = t_attend.u;
+    u.resize(size_t(n * low));
+    std::vector<matmul_job>& groups = t_attend.groups;
+    groups.clear();
     for (int g = 0; g < hp.o_groups; ++g)
         groups.push_back({lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(),
                           n, u.data() + g * hp.o_lora_rank, low, true});
