@@ -44,6 +44,21 @@ constexpr std::array kTraits{
     dtype_traits{ggml_type::mxfp4, "MXFP4", 32, 17, true},
 };
 
+// kTraits' index by type id (-1: no such type), so a lookup, which the matmul paths make per
+// tile and per expert view, is one load instead of a scan of the table.
+constexpr uint32_t kIdLimit = 64;
+constexpr std::array<int8_t, kIdLimit> kIndexById = [] {
+    std::array<int8_t, kIdLimit> index{};
+    index.fill(-1);
+    for (size_t i = 0; i < kTraits.size(); ++i) index[static_cast<uint32_t>(kTraits[i].type)] = int8_t(i);
+    return index;
+}();
+
+const dtype_traits* find_traits(uint32_t type_id) {
+    if (type_id >= kIdLimit || kIndexById[type_id] < 0) return nullptr;
+    return &kTraits[size_t(kIndexById[type_id])];
+}
+
 bool iequal(std::string_view a, std::string_view b) {
     if (a.size() != b.size()) return false;
     for (size_t i = 0; i < a.size(); ++i)
@@ -55,16 +70,14 @@ bool iequal(std::string_view a, std::string_view b) {
 }  // namespace
 
 std::optional<dtype_traits> dtype_info(uint32_t type_id) {
-    for (const auto& t : kTraits)
-        if (static_cast<uint32_t>(t.type) == type_id) return t;
+    if (const dtype_traits* t = find_traits(type_id)) return *t;
     return std::nullopt;
 }
 
 const dtype_traits& dtype_info(ggml_type type) {
-    for (const auto& t : kTraits)
-        if (t.type == type) return t;
-    MS_ASSERT_MSG(false, "dtype_info: unknown ggml_type");
-    __builtin_unreachable();
+    const dtype_traits* t = find_traits(static_cast<uint32_t>(type));
+    MS_ASSERT_MSG(t != nullptr, "dtype_info: unknown ggml_type");
+    return *t;
 }
 
 std::string_view dtype_name(ggml_type type) { return dtype_info(type).name; }

@@ -51,6 +51,16 @@ BOOST_AUTO_TEST_CASE(dtype_table_matches_ggml) {
     BOOST_TEST(static_cast<uint32_t>(ggml_type::bf16) == 30u);
     BOOST_TEST(static_cast<uint32_t>(ggml_type::mxfp4) == 39u);
     BOOST_TEST(!dtype_info(31).has_value());  // removed Q4_0_4_4 number
+    BOOST_TEST(!dtype_info(40).has_value());
+    BOOST_TEST(!dtype_info(64).has_value());
+    BOOST_TEST(!dtype_info(0xffffffffu).has_value());
+    // Every known id maps to its own entry (the lookup is indexed by id).
+    for (uint32_t id = 0; id < 64; ++id)
+        if (auto t = dtype_info(id)) {
+            BOOST_TEST(static_cast<uint32_t>(t->type) == id);
+            BOOST_TEST(&dtype_info(t->type) == &dtype_info(t->type));
+            BOOST_TEST(dtype_info(t->type).name == t->name);
+        }
     BOOST_TEST(parse_dtype("q8_0").has_value());
     BOOST_TEST(row_bytes(dtype_info(ggml_type::mxfp4), 64) == 34);
 }
