@@ -414,8 +414,12 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                     // index order; entries this row cannot see become -1.
                     const int64_t k = std::min(hp.index_topk, n_total);
                     ids.assign(size_t(hp.index_topk), -1);
-                    detail::top_k(s, n_total, k, ids.data());
-                    std::sort(ids.begin(), ids.begin() + k);
+                    if (k == n_total) {  // every entry is picked (short contexts): index order, no sort
+                        std::iota(ids.begin(), ids.begin() + k, 0);
+                    } else {
+                        detail::top_k(s, n_total, k, ids.data());
+                        std::sort(ids.begin(), ids.begin() + k);
+                    }
                     for (int64_t j = 0; j < k; ++j)
                         if (ids[size_t(j)] >= n_vis[size_t(t)]) ids[size_t(j)] = -1;
                     if (opts_.hook) opts_.hook->picks({pick_kind::indexer, L, pos, it.count}, ids);
