@@ -94,11 +94,13 @@ constexpr int kMaxHeads = 256;
 constexpr int64_t kMaxAttentionScores = int64_t(1) << 21;
 
 // Rows whose keys take at most this many bytes go through attention's one-pass form; longer rows
-// through the three passes. Decode's keys come from memory (a token streams far more than the
-// caches hold), and in the one-pass form every thread reads all of them, in the three passes a
-// share: on the H200 host (16 threads, mini-lite's 256-value keys, then held in fp32) 81 keys
-// took 10.5 us in one pass against 16.8 in three, ~200 keys took the same time either way.
-constexpr int64_t kFusedKeyBytes = 64 << 10;
+// through the three passes. In the one-pass form every thread reads all of a row's keys, in the
+// three passes a share, at the cost of two more pool calls. On the H200 host (16 threads,
+// mini-lite's 256-value keys, `bench cpu`'s decode at 64-144 tokens of context): 81 keys took
+// 10.5 us in one pass against 16.8 in three (keys then in fp32); with bf16 keys in their
+// shuffle-free order, a bound of 256 such keys made attention 0.77-0.88 ms a token against
+// 0.97-1.09 with 128 (5 + 5 runs), and 192 or 512 keys measured the same as 256.
+constexpr int64_t kFusedKeyBytes = 128 << 10;
 
 // One head's softmax with its sink, in place over its scores p[0..n): the max of the scores
 // alone (the reference's kernel starts its running max at -1e30 and adds the sink's term at the
