@@ -10,6 +10,7 @@
 
 #include "model/arch/deepseek41_internal.h"
 #include "model/bf16.h"
+#include "model/prefetch.h"
 #include "model/quant.h"
 
 namespace moestream::dsv41 {
@@ -207,6 +208,13 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     for (int L = 0; L < hp.n_layers; ++L) {
         const layer_weights& lw = w_.layers[size_t(L)];
         const int ratio = hp.compress_ratios[size_t(L)];
+        // The layer's small vectors (norm weights, routing bias, mix parameters) are read by this
+        // thread between the parallel steps, long after the last token evicted them: fetch them
+        // now, so they arrive while the first step streams the big weights.
+        for (const vector_view* v : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm,
+                                     &lw.exp_probs_b, &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base,
+                                     &lw.hc_ffn_scale, &lw.compressor_norm, &lw.index_k_norm})
+            if (!v->empty()) prefetch_to_l2(v->data, v->size * int64_t(sizeof(float)));
         const float* freqs = ratio > 0 ? freqs_yarn_.data() : freqs_plain_.data();
 
         // ---- engram (§3.2) ----

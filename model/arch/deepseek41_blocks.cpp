@@ -242,9 +242,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     std::vector<float>& weights = sc.weights;
     picks.resize(size_t(n * n_active));
     weights.resize(size_t(n * n_active));
+    MS_ASSERT(lw.exp_probs_b.size == n_experts);
+    const float* bias = lw.exp_probs_b.data;
     for (int64_t r = 0; r < n; ++r) {
         float* s = scores.data() + r * n_experts;
-        for (int i = 0; i < n_experts; ++i) biased[size_t(i)] = s[i] + lw.exp_probs_b[i];
+        for (int i = 0; i < n_experts; ++i) biased[size_t(i)] = s[i] + bias[i];
         std::span<int32_t> p(picks.data() + r * n_active, size_t(n_active));
         top_k(biased.data(), n_experts, n_active, p.data());
         if (e.opts.hook)
@@ -272,7 +274,8 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         predicted.resize(size_t(n * n_active));
         for (int64_t r = 0; r < n; ++r) {
             float* s = ahead.data() + r * n_experts;
-            for (int i = 0; i < n_experts; ++i) s[i] += next->exp_probs_b[i];
+            MS_ASSERT(next->exp_probs_b.size == n_experts);
+            for (int i = 0; i < n_experts; ++i) s[i] += next->exp_probs_b.data[i];
             top_k(s, n_experts, n_active, predicted.data() + r * n_active);
         }
         std::sort(predicted.begin(), predicted.end());
