@@ -6,7 +6,7 @@
 // bound the attention kernels. The values of a final partial chunk keep their order.
 #pragma once
 
-#include <bit>
+#include <algorithm>
 #include <cstdint>
 
 #include "model/bf16.h"
@@ -27,25 +27,23 @@ inline int64_t key_word(int64_t d, int64_t n) {
 inline float key_value(const uint16_t* key, int64_t d, int64_t n) { return bf16_value(key[key_word(d, n)]); }
 
 // n_keys keys of n values each (x: row-major floats) into their storage; false (out then partly
-// written) if some value is not exactly a bf16 value.
+// written) if some value is not exactly a bf16 value. Each key's bits are taken in order, then
+// every whole chunk's halves are interleaved in place.
 inline bool store_attention_keys(const float* x, int64_t n_keys, int64_t n, uint16_t* out) {
     constexpr int64_t half = kKeyChunk / 2;
-    const int64_t whole = n - n % kKeyChunk;
-    uint32_t low = 0;
-    const auto put = [&](float v, uint16_t* to) {
-        const uint32_t u = std::bit_cast<uint32_t>(v);
-        low |= u & 0xffffu;
-        *to = uint16_t(u >> 16);
-    };
+    bool exact = true;
     for (int64_t k = 0; k < n_keys; ++k, x += n, out += n) {
-        for (int64_t c = 0; c < whole; c += kKeyChunk)
+        exact &= to_bf16_bits_exact(x, n, out);
+        for (int64_t c = 0; c + kKeyChunk <= n; c += kKeyChunk) {
+            uint16_t in_order[kKeyChunk];
+            std::copy_n(out + c, kKeyChunk, in_order);
             for (int64_t j = 0; j < half; ++j) {
-                put(x[c + j], out + c + 2 * j);
-                put(x[c + half + j], out + c + 2 * j + 1);
+                out[c + 2 * j] = in_order[j];
+                out[c + 2 * j + 1] = in_order[half + j];
             }
-        for (int64_t d = whole; d < n; ++d) put(x[d], out + d);
+        }
     }
-    return low == 0;
+    return exact;
 }
 
 }  // namespace moestream

@@ -272,9 +272,9 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     if (!ahead.empty()) {
         std::vector<int32_t>& predicted = sc.predicted;
         predicted.resize(size_t(n * n_active));
+        MS_ASSERT(next->exp_probs_b.size == n_experts);
         for (int64_t r = 0; r < n; ++r) {
             float* s = ahead.data() + r * n_experts;
-            MS_ASSERT(next->exp_probs_b.size == n_experts);
             for (int i = 0; i < n_experts; ++i) s[i] += next->exp_probs_b.data[i];
             top_k(s, n_experts, n_active, predicted.data() + r * n_active);
         }
