@@ -456,20 +456,9 @@ MS_VECTOR_CLONES void attend_head(const uint16_t* const* keys, int64_t n_keys, c
         case 1: attend_chunks<1>(keys, n_keys, p, inv, d0, out); break;
         default: break;
     }
-    d0 = whole;
-    // The in-order tail: a 16-value slice, then single values (attend_slice's forms).
-    if (d0 + kVec <= head_dim) {
-        f32x16 acc = {};
-        for (int64_t i = 0; i < n_keys; ++i) acc += p[i] * load16(keys[i] + d0);
-        store16(out + d0, round16_to_bf16(acc * inv));
-        d0 += kVec;
-    }
-    if (d0 >= head_dim) return;
-    const int64_t width = head_dim - d0;
-    float acc[kVec] = {};
-    for (int64_t i = 0; i < n_keys; ++i)
-        for (int64_t d = 0; d < width; ++d) acc[d] += p[i] * bf16_value(keys[i][d0 + d]);
-    for (int64_t d = 0; d < width; ++d) out[d0 + d] = round_to_bf16(acc[d] * inv);
+    // The in-order tail (head_dim not a multiple of 32): attend_slice itself, as one head.
+    for (d0 = whole; d0 < head_dim; d0 += kAttentionSlice)
+        attend_slice(keys, n_keys, p, &inv, 1, head_dim, d0, std::min(kAttentionSlice, head_dim - d0), out);
 }
 
 }  // namespace moestream::elementwise
