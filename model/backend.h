@@ -1,29 +1,50 @@
 // The compute interface the model is written against. Every op works on rows of float
-// activations that live in the backend's memory (host memory for the CPU backend). Values that
-// the reference keeps in bf16 are held as floats rounded to bf16 (`round_bf16` flags), so the
-// same model code runs exact-to-the-reference on any backend; accumulation is fp32 everywhere.
+// activations that live in the backend's memory: host memory for the CPU backend, VRAM for CUDA.
+// Values that the reference keeps in bf16 are held as floats rounded to bf16 (`round_bf16`
+// flags), so the same model code runs exact-to-the-reference on any backend; accumulation is fp32
+// everywhere.
+//
+// Memory rule: every pointer an op takes is backend memory, except where a comment says "host"
+// (small index lists the model derives from positions and token counts, and the op descriptors
+// themselves: matmul_job, output_term, attention_row... are host structs holding backend
+// pointers). The model computes addresses and index lists on the host but never reads or writes
+// an activation value there; the only values the host sees are those it schedules with (the
+// router's picks, a few bytes per layer) and the results (logits), through download(). Ops are
+// ordered: each sees the results of the ops issued before it (on CUDA: one stream).
 //
 // Row-parallel ops must give bit-identical results for a row whatever the other rows of the
-// batch are and whatever the thread count (reproducibility, see cpu_matmul.h).
+// batch are and whatever the thread count (reproducibility, see cpu_matmul.h); on CUDA whatever
+// the batch size, grid shape and slot placement.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "model/act_quant.h"
 #include "model/tensor.h"
 
 namespace moestream {
 
-// One query row of a sparse attention: its keys (= values, MQA with K = V) given as pointers to
-// head_dim-value vectors stored as model/attention_keys.h says (bf16 bits, since every key is a
-// rounded bf16 value, in an order the kernels load without shuffles), window entries first, then
-// selected compressed entries.
+// Keys of one query row of a sparse attention (MQA: every head shares them, K = V), each a
+// head_dim-value vector stored as model/attention_keys.h says (bf16 bits in the kernels' order),
+// taken in this order: `ring_count` keys of consecutive positions from a ring (position p in slot
+// p % ring_capacity), then `fresh_count` consecutive keys (this forward's own rows), then the
+// compressed entries `latents + id * head_dim` for the ids of `selection` up to its first -1 (at
+// most selection_len; ids ascending, as the indexer leaves them).
 struct attention_row {
-    const float* q = nullptr;       // n_heads * head_dim
-    const uint16_t* const* keys = nullptr;
-    int64_t n_keys = 0;
-    float* out = nullptr;           // n_heads * head_dim
+    const float* q = nullptr;  // n_heads * head_dim
+    float* out = nullptr;      // n_heads * head_dim
+    const uint16_t* ring = nullptr;
+    int64_t ring_capacity = 0;
+    int64_t ring_first = 0;  // position of the first ring key
+    int64_t ring_count = 0;
+    const uint16_t* fresh = nullptr;
+    int64_t fresh_count = 0;
+    const uint16_t* latents = nullptr;
+    const int32_t* selection = nullptr;
+    int64_t selection_len = 0;
 };
 
 // One matmul of a batch: y[r] = W x[r] for r < n (see backend::matmul).
@@ -63,21 +84,79 @@ struct hc_update {
 
 // One term of a sub-layer's output (backend::output_sum): m rows y[i] = bf16(W h[i]) (W: [dim,
 // cols]), or, with W empty, m rows y[i] computed earlier. Row i adds into output row rows[i]
-// (rows null: row i).
+// (rows: host, null means row i).
 struct output_term {
     weight_view w;
     const float* h = nullptr;       // m x w.cols
     const float* y = nullptr;       // m x dim, when w is empty
-    const int64_t* rows = nullptr;  // m output rows, or null
+    const int64_t* rows = nullptr;  // host: m output rows, or null
     int64_t m = 0;
+};
+
+// One latent of the ratio-2 compressor (§3.4.3): per channel c, with m = max(z0[c], z1[c]),
+// out[c] = (e0 a0[c] + e1 a1[c]) / (e0 + e1), e_i = exp(z_i[c] - m), in fp32 (not rounded).
+struct pair_pool {
+    const float *a0 = nullptr, *z0 = nullptr, *a1 = nullptr, *z1 = nullptr;
+    float* out = nullptr;
+};
+
+// `count` consecutive attention keys into their storage (model/attention_keys.h): the head_dim
+// floats of each key at src, which must be bf16 values, as bf16 bits in the kernels' order at dst.
+struct key_store {
+    const float* src = nullptr;
+    uint16_t* dst = nullptr;
+    int64_t count = 1;
+};
+
+// One row copy of backend::copy_rows.
+struct row_copy {
+    const float* src = nullptr;
+    float* dst = nullptr;
+};
+
+// How the indexer's picks of one forward item are made from its scores (§3.4.7-8).
+struct indexer_pick {
+    float* scores = nullptr;           // [rows, n_total]; modified (masked) in place
+    int64_t rows = 0;
+    int64_t n_total = 0;               // entries present after this forward's writes
+    const int64_t* n_visible = nullptr;  // host: per row, floor((pos + 1) / ratio)
+    int64_t topk = 0;                  // selection width (index_topk)
+    int32_t* selection = nullptr;      // [rows, topk]: the picks ascending, then -1s
+    // Candidate blocks: a source writes its rows' masks (one byte per entry, [rows, mask_stride]);
+    // a consumer with `mask_valid` reads them and sets the scores outside the mask to -inf first.
+    enum class candidates { none, source, consumer } cand = candidates::none;
+    uint8_t* mask = nullptr;
+    int64_t mask_stride = 0;
+    int64_t mask_len = 0;              // consumer: entries the mask covers (later ones are outside)
+    int64_t block_size = 0, topk_blocks = 0;
 };
 
 class backend {
   public:
     virtual ~backend() = default;
     virtual const char* name() const = 0;
+    // What runs, for logs, /props and /metrics ("16 threads, avx512", "NVIDIA H200, sm_90, 139 GiB").
+    virtual std::string device_description() const = 0;
     virtual int threads() const = 0;
 
+    // ---- memory ----
+    // Zero-filled backend memory, aligned to 256 bytes; nullptr when there is none left.
+    virtual void* allocate(size_t bytes) = 0;
+    virtual void release(void* p) = 0;
+    // Host -> backend, ordered after the ops issued before it (src may be reused on return).
+    virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+    // Backend -> host, after every op issued before it has finished.
+    virtual void download(void* dst, const void* src, size_t bytes) = 0;
+    virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+    // Every byte of [dst, dst + bytes) set to `byte` (0xff: int32 -1s).
+    virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;
+    // Waits until every op issued so far has finished.
+    virtual void synchronize() = 0;
+    // Whether backend pointers are host pointers (the CPU backend): tests and tools may then read
+    // results in place. The model never relies on it.
+    virtual bool host_memory() const = 0;
+
+    // ---- matmuls and sums ----
     // y[r] = W x[r] for r < n (x rows of w.cols floats, y rows of w.rows floats; strides in floats).
     virtual void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y,
                         int64_t y_stride, bool round_bf16) = 0;
@@ -91,17 +170,44 @@ class backend {
     // hc_collapse: every value as those separate steps would give it.
     virtual void output_sum(std::span<const output_term> terms, int64_t n, int64_t dim, float* f,
                             const hc_update* upd) = 0;
+
+    // ---- element-wise ----
     // y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps); w may be null (weightless); y may alias x.
     virtual void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                           bool round_bf16) = 0;
     virtual void round_bf16(float* x, int64_t count) = 0;
+    // x[i] = bf16(x[i] * s).
+    virtual void scale_round(float* x, int64_t count, float s) = 0;
+    // y[i] += x[i] (fp32).
+    virtual void add(float* y, const float* x, int64_t count) = 0;
     // Interleaved-pair RoPE on the last rope_dim dims of each head: pair i of row r turns by
     // fp32(pos[r]) * freqs[i] (negated when inverse). Result rounded to bf16.
     virtual void rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
                       const int64_t* pos, const float* freqs, bool inverse) = 0;
+    // Rows tokens[r] of an embedding table, dequantized and rounded to bf16, each written `copies`
+    // times: out[(r * copies + k) * table.cols ...] (the token embedding into the 4 streams).
+    virtual void embed(const weight_view& table, const int32_t* tokens, int64_t n, int copies, float* out) = 0;
+    // out[r * out_stride + d] = bf16(Σ_k H[r][k][d] / hc) (the DSpark taps: the streams' mean).
+    virtual void stream_mean(const float* H, int64_t n, int hc, int64_t dim, float* out, int64_t out_stride) = 0;
+    // Each job's `count` floats from src to dst, as one step (scattered small copies).
+    virtual void copy_rows(std::span<const row_copy> jobs, int64_t count) = 0;
+    // dst row i = src row rows[i] (rows: host), dim floats each.
+    virtual void gather_rows(const float* src, int64_t src_stride, const int64_t* rows, int64_t m, int64_t dim,
+                             float* dst) = 0;
+    // The ratio-2 compressor's pooling, one job per latent (§3.4.3).
+    virtual void pool_pairs(std::span<const pair_pool> jobs, int64_t dim) = 0;
+    // Attention keys into their storage; every value must be a bf16 value (a bug upstream otherwise).
+    virtual void store_keys(std::span<const key_store> jobs, int64_t head_dim) = 0;
+    // `rows` engram rows of n e4m3 values (row-major) with n / 32 e8m0 scales each, dequantized
+    // and rounded to bf16 into out [rows, n].
+    virtual void dequant_fp8_rows(const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t n,
+                                  float* out) = 0;
+    // out[r] = the lowest index of the largest of x[r][0..cols).
+    virtual void argmax_rows(const float* x, int64_t n, int64_t cols, int32_t* out) = 0;
 
-    // Hyper-connection mixes of §3.3 for n rows of 4 streams (H: [n, hc, dim]); fn [24, hc*dim]
-    // (F32 view), base [24], scale [3]. Writes pre [n, hc], post [n, hc], comb [n, hc, hc].
+    // ---- hyper-connections (§3.3) ----
+    // Mixes for n rows of 4 streams (H: [n, hc, dim]); fn [24, hc*dim] (F32 view), base [24],
+    // scale [3]. Writes pre [n, hc], post [n, hc], comb [n, hc, hc].
     // fn_h: fn · H per row when the caller already computed it (batched with other matmuls), else null.
     virtual void hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
                           const float* scale, int sinkhorn_iters, float hc_eps, float norm_eps, float* pre, float* post,
@@ -112,29 +218,93 @@ class backend {
     virtual void hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                            const float* comb, float* out) = 0;
 
+    // ---- attention ----
     // Sparse attention with a per-head sink logit (§3.4.9); output rounded to bf16.
     // With bf16_probs the exp(s - max) weights are rounded to bf16 before they multiply the
     // values (the reference kernel's rounding, §3.8), the denominator still sums fp32 values.
     virtual void attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
                            const float* sinks, bool bf16_probs) = 0;
+    // Indexer scores in the reference's bf16 arithmetic (§3.4.6): for row r and entry j <
+    // n_visible[r], score = bf16(Σ_h bf16(relu(bf16(q[r]_h · k_j)) · w[r]_h)); later entries get -inf.
+    // q [n, n_heads, head_dim], w [n, n_heads], keys [n_keys, head_dim], scores [n, n_keys];
+    // n_visible: host.
+    virtual void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
+                                const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) = 0;
+    // The indexer's selection from its scores (§3.4.7-8): the candidate blocks when `cand` says
+    // so, then the min(topk, n_total) best entries (ties to the lower index), ascending, entries
+    // the row cannot see -1, padded with -1 to topk.
+    virtual void indexer_select(const indexer_pick& p) = 0;
 
-    // Quantise-dequantise in place as the reference's low-precision activations (§3.8).
-    virtual void simulate_quant(act_quant_kind kind, float* x, int64_t count) = 0;
-
+    // ---- MoE ----
+    // The router's choice (§3.5) for n rows of n_experts scores s (already sqrt(softplus)): with
+    // `select`, picks[r] = top-k of s + bias (ties to the lower id, in the top-k's order); then
+    // weights[r][j] = s[picks[r][j]] / (Σ_j s[picks] + 1e-20) · route_scale. With select false
+    // the picks are given (forced) and only the weights are formed; weights may be null
+    // (look-ahead predictions).
+    virtual void route(const float* scores, const float* bias, int64_t n, int n_experts, int k, double route_scale,
+                       bool select, int32_t* picks, float* weights) = 0;
     // SwiGLU with the V4.1 clamps, in place into g: g[r] = bf16(w[r] · silu(min(g, limit)) ⊙ clamp(u, ±limit)).
     // w may be null (weight 1). g and u hold n rows of `inter` floats.
     virtual void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) = 0;
 
-    // Indexer scores in the reference's bf16 arithmetic (§3.4.6): for row r and entry j <
-    // n_visible[r], score = bf16(Σ_h bf16(relu(bf16(q[r]_h · k_j)) · w[r]_h)); later entries get -inf.
-    // q [n, n_heads, head_dim], w [n, n_heads], keys [n_keys, head_dim], scores [n, n_keys].
-    virtual void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
-                                const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) = 0;
-
+    // ---- other ----
+    // Quantise-dequantise in place as the reference's low-precision activations (§3.8).
+    virtual void simulate_quant(act_quant_kind kind, float* x, int64_t count) = 0;
     // Engram gated write (§3.2 steps 3-6) for n rows: H [n, hc, dim] is updated in place from
     // kv [n, (hc+1)*dim] (hc keys, then the shared value) and qk = q_weight ⊙ k_weight [hc, dim].
     virtual void engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
                              float norm_eps) = 0;
+};
+
+// A typed array in a backend's memory, owned (released on destruction). resize() keeps nothing
+// (a scratch buffer is written before it is read) and only grows the allocation.
+template <class T>
+class backend_array {
+  public:
+    backend_array() = default;
+    explicit backend_array(backend& be, size_t n = 0) : be_(&be) { resize(n); }
+    backend_array(const backend_array&) = delete;
+    backend_array& operator=(const backend_array&) = delete;
+    backend_array(backend_array&& o) noexcept { swap(o); }
+    backend_array& operator=(backend_array&& o) noexcept {
+        backend_array tmp(std::move(o));
+        swap(tmp);
+        return *this;
+    }
+    ~backend_array() {
+        if (p_) be_->release(p_);
+    }
+    void bind(backend& be) {
+        MS_ASSERT(be_ == nullptr || be_ == &be);
+        be_ = &be;
+    }
+    // Room for n values; previous contents are lost when the allocation grows.
+    void resize(size_t n) {
+        if (n > cap_) {
+            MS_ASSERT(be_ != nullptr);
+            if (p_) be_->release(p_);
+            p_ = static_cast<T*>(be_->allocate(n * sizeof(T)));
+            MS_ASSERT_MSG(p_ != nullptr, "backend memory exhausted");
+            cap_ = n;
+        }
+        n_ = n;
+    }
+    T* data() { return p_; }
+    const T* data() const { return p_; }
+    size_t size() const { return n_; }
+    bool empty() const { return n_ == 0; }
+    size_t bytes() const { return n_ * sizeof(T); }
+
+  private:
+    void swap(backend_array& o) noexcept {
+        std::swap(be_, o.be_);
+        std::swap(p_, o.p_);
+        std::swap(n_, o.n_);
+        std::swap(cap_, o.cap_);
+    }
+    backend* be_ = nullptr;
+    T* p_ = nullptr;
+    size_t n_ = 0, cap_ = 0;
 };
 
 }  // namespace moestream

@@ -127,7 +127,15 @@ float softmax_with_sink(float* p, int64_t n, float sink, bool bf16_probs) {
 //      ascending order, times 1 / denominator, rounded to bf16.
 // Every value is computed by the same operations in the same order as a per-(row, head) loop
 // would (same dot, same sequential max / sum / accumulation), whatever the form and chunking.
-void attention_group(thread_pool& pool, std::span<const attention_row> rows, int n_heads, int64_t head_dim,
+// One query row with its keys as a pointer list (the form the kernels walk).
+struct key_row {
+    const float* q = nullptr;
+    const uint16_t* const* keys = nullptr;
+    int64_t n_keys = 0;
+    float* out = nullptr;
+};
+
+void attention_group(thread_pool& pool, std::span<const key_row> rows, int n_heads, int64_t head_dim,
                      float scale, const float* sinks, bool bf16_probs) {
     const int64_t n_rows = int64_t(rows.size());
     // key_begin[r]: the row's first key in the group's key numbering; its scores sit at
@@ -150,7 +158,7 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
             for (int64_t u = begin; u < end; ++u) {
                 const int64_t r = u / n_heads;
                 const int h = int(u % n_heads);
-                const attention_row& row = rows[size_t(r)];
+                const key_row& row = rows[size_t(r)];
                 float* out = row.out + h * head_dim;
                 if (row.n_keys == 0) {  // no key visible: the output is zero (the sink alone carries no value)
                     std::fill_n(out, head_dim, 0.0f);
@@ -179,7 +187,7 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
         for (int64_t v = begin; v < std::min(end, begin + 2); ++v) prefetch_to_l2(key_at(v), head_dim * 2);
         for (int64_t u = begin; u < end; ++u) {
             while (u >= kb[r + 1]) ++r;
-            const attention_row& row = rows[size_t(r)];
+            const key_row& row = rows[size_t(r)];
             const int64_t i = u - kb[r];
             if (u + 2 < end) prefetch_to_l2(i + 2 < row.n_keys ? row.keys[i + 2] : key_at(u + 2), head_dim * 2);
             float dots[kMaxHeads];
@@ -206,7 +214,7 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
             const int64_t r = u / slices;
             const int64_t d0 = (u % slices) * elementwise::kAttentionSlice;
             const int64_t width = std::min(elementwise::kAttentionSlice, head_dim - d0);
-            const attention_row& row = rows[size_t(r)];
+            const key_row& row = rows[size_t(r)];
             if (row.n_keys == 0) {
                 // No key visible: the output is zero (the sink alone carries no value).
                 for (int h = 0; h < n_heads; ++h) std::fill_n(row.out + h * head_dim + d0, width, 0.0f);
@@ -221,21 +229,6 @@ void attention_group(thread_pool& pool, std::span<const attention_row> rows, int
 }  // namespace
 
 cpu_backend::cpu_backend(int threads) : pool_(std::max(1, threads)) {}
-
-// Adds the op's wall time to its slot when profiling; nested ops (hc_mixes' matmul) count in both.
-struct cpu_backend::timer {
-    cpu_backend& be;
-    op_id id;
-    std::chrono::steady_clock::time_point t0;
-    timer(cpu_backend& b, op_id i) : be(b), id(i) {
-        if (be.profiling_) t0 = std::chrono::steady_clock::now();
-    }
-    ~timer() {
-        if (!be.profiling_) return;
-        be.times_[id].calls++;
-        be.times_[id].seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    }
-};
 
 std::vector<cpu_backend::op_time> cpu_backend::profile() const { return {std::begin(times_), std::end(times_)}; }
 
@@ -548,10 +541,26 @@ void cpu_backend::hc_expand(const float* f, const float* H, int64_t n, int hc, i
     });
 }
 
-void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
+void cpu_backend::attention(std::span<const attention_row> arows, int n_heads, int64_t head_dim, float scale,
                             const float* sinks, bool bf16_probs) {
     timer t_(*this, k_attention);
     MS_ASSERT(n_heads >= 1 && n_heads <= kMaxHeads && head_dim >= 1);
+    // Each row's keys as one pointer list: ring keys, fresh keys, selected compressed entries.
+    key_ptrs_.clear();
+    key_starts_.assign(1, 0);
+    for (const auto& a : arows) {
+        MS_ASSERT(a.ring_count >= 0 && a.fresh_count >= 0 && (a.ring_count == 0 || a.ring_capacity > 0));
+        for (int64_t p = a.ring_first; p < a.ring_first + a.ring_count; ++p)
+            key_ptrs_.push_back(a.ring + (p % a.ring_capacity) * head_dim);
+        for (int64_t i = 0; i < a.fresh_count; ++i) key_ptrs_.push_back(a.fresh + i * head_dim);
+        for (int64_t i = 0; i < a.selection_len && a.selection[i] >= 0; ++i)
+            key_ptrs_.push_back(a.latents + int64_t(a.selection[i]) * head_dim);
+        key_starts_.push_back(int64_t(key_ptrs_.size()));
+    }
+    thread_local std::vector<key_row> rows;  // kept between calls (one per layer in decode)
+    rows.resize(arows.size());
+    for (size_t r = 0; r < arows.size(); ++r)
+        rows[r] = {arows[r].q, key_ptrs_.data() + key_starts_[r], key_starts_[r + 1] - key_starts_[r], arows[r].out};
     size_t first = 0;
     while (first < rows.size()) {
         // The largest group of rows from `first` whose scores fit the bound (at least one row).
@@ -559,8 +568,8 @@ void cpu_backend::attention(std::span<const attention_row> rows, int n_heads, in
         int64_t scores = rows[first].n_keys * n_heads;
         while (last < rows.size() && scores + rows[last].n_keys * n_heads <= kMaxAttentionScores)
             scores += rows[last++].n_keys * n_heads;
-        attention_group(pool_, rows.subspan(first, last - first), n_heads, head_dim, scale, sinks,
-                        bf16_probs);
+        attention_group(pool_, std::span<const key_row>(rows).subspan(first, last - first), n_heads, head_dim, scale,
+                        sinks, bf16_probs);
         first = last;
     }
 }

@@ -6,13 +6,13 @@
 
 namespace moestream {
 
-prefix_pool::prefix_pool(const dsv41::hparams& hp, bool with_draft, prefix_pool_options opts)
+prefix_pool::prefix_pool(const dsv41::model& m, prefix_pool_options opts)
     : opts_(opts), total_(opts.running + opts.cached) {
     MS_ASSERT(opts_.running >= 1 && opts_.cached >= 0 && opts_.context >= 1 && opts_.rollback >= 0);
     free_.reserve(size_t(total_));
     kept_.reserve(size_t(opts_.cached));
     for (int64_t i = 0; i < total_; ++i)
-        free_.push_back(std::make_unique<dsv41::sequence_state>(hp, opts_.context, opts_.rollback, with_draft));
+        free_.push_back(m.new_sequence(opts_.context, opts_.rollback));
 }
 
 int64_t prefix_pool::usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const {
@@ -75,7 +75,7 @@ prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool re
     } else {
         g.state = take_free();
         MS_ASSERT(g.state->capacity() == best.from->capacity());
-        *g.state = *best.from;  // same shapes: the vectors' storage is reused, nothing is allocated
+        g.state->copy_from(*best.from);  // same shapes: the memory is reused, nothing is allocated
         if (g.state->size() > best.n) {
             const status st = g.state->truncate(best.n);
             MS_ASSERT_MSG(st.ok(), "usable() checked the rollback");

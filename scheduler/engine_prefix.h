@@ -29,7 +29,7 @@ struct prefix_pool_options {
 
 class prefix_pool {
   public:
-    prefix_pool(const dsv41::hparams& hp, bool with_draft, prefix_pool_options opts);
+    prefix_pool(const dsv41::model& m, prefix_pool_options opts);
 
     struct grant {
         std::unique_ptr<dsv41::sequence_state> state;

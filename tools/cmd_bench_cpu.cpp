@@ -95,7 +95,7 @@ int run(const cli::args& a) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         prompt.push_back(int32_t((x >> 33) % uint64_t(hp.vocab)));
     }
-    auto seq = std::make_unique<dsv41::sequence_state>(hp, *n_prompt + *n_rounds * *n_decode + 1, 16, false);
+    auto seq = std::make_unique<dsv41::sequence_state>(*s.backend, hp, *n_prompt + *n_rounds * *n_decode + 1, 16, false);
     std::vector<float> logits;
     experts.reset();
     t0 = clock_type::now();

@@ -9,8 +9,7 @@
 namespace moestream::tools {
 
 std::unique_ptr<dsv41::sequence_state> model_session::new_sequence(int64_t tokens, int64_t rollback) const {
-    return std::make_unique<dsv41::sequence_state>(files->hp, std::max<int64_t>(tokens, 1), rollback,
-                                                   model->has_draft());
+    return model->new_sequence(std::max<int64_t>(tokens, 1), rollback);
 }
 
 void model_session::print_streaming_stats() const {

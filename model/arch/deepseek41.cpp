@@ -46,8 +46,6 @@ int latest_at_or_before(const std::vector<int>& set, int layer) {
     return best;
 }
 
-int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
-
 }  // namespace
 
 void engram_hash(const hparams& hp, const engram_side_tables& t, std::span<const int32_t> history, int64_t pos,
@@ -79,13 +77,22 @@ void engram_hash(const hparams& hp, const engram_side_tables& t, std::span<const
 
 model::model(const hparams& hp, const model_weights& w, const draft_weights* draft, expert_source& experts,
              backend& be, model_options opts)
-    : hp_(hp), w_(w), draft_(draft), experts_(experts), be_(be), opts_(opts) {
+    : hp_(hp), w_(w), draft_(draft), experts_(experts), be_(be), opts_(opts),
+      ws_(std::make_unique<detail::workspace>(be)) {
     freqs_plain_ = rope_table(hp, hp.rope_theta, false);
     freqs_yarn_ = rope_table(hp, hp.compress_rope_theta, true);
     MS_ASSERT(int(w.layers.size()) == hp.n_layers);
+    for (auto [host, dev] : {std::pair{&freqs_plain_, &ws_->freqs_plain}, std::pair{&freqs_yarn_, &ws_->freqs_yarn}}) {
+        dev->resize(host->size());
+        be.upload(dev->data(), host->data(), host->size() * sizeof(float));
+    }
 }
 
 model::~model() = default;
+
+std::unique_ptr<sequence_state> model::new_sequence(int64_t max_tokens, int64_t rollback) const {
+    return std::make_unique<sequence_state>(be_, hp_, max_tokens, rollback, has_draft());
+}
 
 namespace {
 
@@ -97,11 +104,18 @@ struct item_rows {
     int64_t count;  // rows
 };
 
+template <class T>
+void upload_vector(backend& be, backend_array<T>& dst, const std::vector<T>& src) {
+    dst.resize(src.size());
+    be.upload(dst.data(), src.data(), src.size() * sizeof(T));
+}
+
 }  // namespace
 
 status model::forward(std::span<const forward_item> batch, std::vector<float>& logits) {
     const hparams& hp = hp_;
-    const detail::env env{hp, be_, experts_, opts_};
+    detail::workspace& ws = *ws_;
+    const detail::env env{hp, be_, experts_, opts_, ws};
     const int hc = hp.hc_mult;
     const int64_t dim = hp.dim, hd = hp.head_dim;
 
@@ -111,6 +125,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     for (const auto& it : batch) {
         MS_ASSERT(it.seq != nullptr);
         if (it.tokens.empty()) return make_error("a forward item has no tokens");
+        if (it.seq->be_ != &be_) return make_error("a sequence made for another backend");
         for (const auto& other : items)
             if (other.seq == it.seq) return make_error("a sequence appears twice in one forward");
         if (it.seq->size() + int64_t(it.tokens.size()) > it.seq->capacity())
@@ -135,6 +150,8 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         for (const auto& it : items)
             for (auto& c : it.seq->sources_) c.entries = entries_before[k++];
     };
+    upload_vector(be_, ws.pos, rows.pos);
+    rows.pos_dev = ws.pos.data();
 
     // Token histories (previous tokens + this forward's) for the engram look-back.
     std::vector<std::vector<int32_t>> history(items.size());
@@ -144,40 +161,41 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     }
 
     // ---- embedding, 4 identical streams, one-hot carried mix ----
-    std::vector<float> H(static_cast<size_t>(R * hc * dim));
-    for (size_t i = 0; i < items.size(); ++i)
-        for (int64_t t = 0; t < items[i].count; ++t) {
-            float* h = H.data() + (items[i].first + t) * hc * dim;
-            detail::embedding_row(w_.token_embd, batch[i].tokens[size_t(t)], h);
-            for (int k = 1; k < hc; ++k) std::copy_n(h, dim, h + k * dim);
-        }
-    std::vector<float> p_in(static_cast<size_t>(R * hc), 0.0f);
-    for (int64_t r = 0; r < R; ++r) p_in[size_t(r * hc)] = 1.0f;
+    {
+        std::vector<int32_t> tokens;
+        for (const auto& it : batch) tokens.insert(tokens.end(), it.tokens.begin(), it.tokens.end());
+        upload_vector(be_, ws.tokens, tokens);
+    }
+    ws.H.resize(size_t(R * hc * dim));
+    be_.embed(w_.token_embd, ws.tokens.data(), R, hc, ws.H.data());
+    {
+        std::vector<float> p_in(static_cast<size_t>(R * hc), 0.0f);
+        for (int64_t r = 0; r < R; ++r) p_in[size_t(r * hc)] = 1.0f;
+        upload_vector(be_, ws.p_in, p_in);
+    }
+    float* H = ws.H.data();
 
-    std::vector<std::vector<float>> layer_kv(static_cast<size_t>(hp.n_layers));  // window rows, committed at the end
-    std::vector<float> taps;
+    ws.layer_kv.resize(size_t(hp.n_layers * R * hd));  // window rows, committed at the end
+    const auto layer_kv = [&](int L) { return ws.layer_kv.data() + int64_t(L) * R * hd; };
     const int n_taps = int(hp.dspark_target_layers.size());
-    if (draft_) taps.assign(size_t(R * n_taps * dim), 0.0f);
+    if (draft_) ws.taps.resize(size_t(R * n_taps * dim));
 
-    // Per-row state carried between layers of this forward.
-    std::vector<std::vector<int32_t>> selection(static_cast<size_t>(R));   // latest index source's picks
-    std::vector<std::vector<uint8_t>> cand_mask(static_cast<size_t>(R));   // candidate source's entry mask
+    // Per-row state carried between layers of this forward: the latest index source's picks
+    // (-1: none yet) and the candidate source's entry masks (mask_len[r] entries; 0: none).
+    ws.selection.resize(size_t(R * hp.index_topk));
+    be_.fill(ws.selection.data(), 0xff, ws.selection.bytes());
+    std::vector<int64_t> mask_len(static_cast<size_t>(R), 0);
+    int64_t mask_stride = 0;
     const int last_source = hp.kv_source_layers.empty() ? -1 : hp.kv_source_layers.back();
 
-    std::vector<float> x(static_cast<size_t>(R * dim)), xq, qr, q, a, f, u;
-    detail::hc_mix mixA, mixF;
+    ws.x.resize(size_t(R * dim));
+    float* x = ws.x.data();
     bool x_collapsed = false;  // x already holds the next attention input (fused into the MoE's output pass)
     std::vector<attention_row> arows(static_cast<size_t>(R));
-    std::vector<std::vector<const uint16_t*>> keys(static_cast<size_t>(R));
-    std::vector<uint16_t> kv_bits;  // this forward's window keys of the layer, bf16
-    // Buffers of one layer's steps, kept from layer to layer (a decode step would otherwise
-    // allocate and clear them 40 times); each is emptied or fully written where it is used.
-    std::vector<float> qi;      // the indexer's query, when the layer is an index source
-    std::vector<float> wi;      // the indexer's head weights
-    std::vector<float> ca, cz;  // the compressor's projections, when the layer is a kv source
-    std::vector<float> lat, ik, sc, bscore;
     std::vector<int64_t> idx, at, n_vis;
-    std::vector<int32_t> order, ids;
+    std::vector<pair_pool> pools;
+    std::vector<row_copy> stash;
+    std::vector<key_store> stores;
     std::vector<matmul_job> extra;
     // Engram rows depend only on token ids: hash every row of every engram layer now and
     // announce them, so the reads overlap the layers before the first engram layer.
@@ -208,20 +226,22 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     for (int L = 0; L < hp.n_layers; ++L) {
         const layer_weights& lw = w_.layers[size_t(L)];
         const int ratio = hp.compress_ratios[size_t(L)];
-        // The layer's small vectors (norm weights, routing bias, mix parameters) are read by this
-        // thread between the parallel steps, long after the last token evicted them: fetch them
-        // now, so they arrive while the first step streams the big weights.
-        for (const vector_view* v : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm,
-                                     &lw.exp_probs_b, &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base,
-                                     &lw.hc_ffn_scale, &lw.compressor_norm, &lw.index_k_norm})
-            if (!v->empty()) prefetch_to_l2(v->data, v->size * int64_t(sizeof(float)));
-        const float* freqs = ratio > 0 ? freqs_yarn_.data() : freqs_plain_.data();
+        // The layer's small vectors (norm weights, routing bias, mix parameters) are read by the
+        // CPU backend's thread between the parallel steps, long after the last token evicted
+        // them: fetch them now, so they arrive while the first step streams the big weights.
+        if (be_.host_memory())
+            for (const vector_view* v : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm,
+                                         &lw.exp_probs_b, &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base,
+                                         &lw.hc_ffn_scale, &lw.compressor_norm, &lw.index_k_norm})
+                if (!v->empty()) prefetch_to_l2(v->data, v->size * int64_t(sizeof(float)));
+        const float* freqs = ratio > 0 ? ws.freqs_yarn.data() : ws.freqs_plain.data();
 
-        // ---- engram (§3.2) ----
+        // ---- engram (§3.2): the host reads the rows, the backend dequantizes them ----
         if (hp.is_engram_layer(L)) {
             const size_t e_idx = size_t(std::find(hp.engram_layers.begin(), hp.engram_layers.end(), L) - hp.engram_layers.begin());
             const int64_t cols = hp.engram_columns(), ehd = hp.engram_head_dim, in = cols * ehd;
-            std::vector<float> ucat(static_cast<size_t>(R * in)), kv5(static_cast<size_t>(R * (hc + 1) * dim));
+            const int64_t n_rows = R * cols, value_bytes = n_rows * ehd, scale_bytes = n_rows * (ehd / 32);
+            std::vector<uint8_t> bytes(static_cast<size_t>(value_bytes + scale_bytes));
             for (int64_t r = 0; r < R; ++r)
                 for (int64_t c = 0; c < cols; ++c) {
                     const int64_t row = engram_rows[size_t((r * n_eng + int64_t(e_idx)) * cols + c)];
@@ -235,65 +255,64 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                         }
                         er = *got;
                     }
-                    quant::dequantize_fp8_row_scaled(er.values, er.scales, ehd, ucat.data() + r * in + c * ehd);
+                    const int64_t k = r * cols + c;
+                    std::copy_n(er.values, ehd, bytes.data() + k * ehd);
+                    std::copy_n(er.scales, ehd / 32, bytes.data() + value_bytes + k * (ehd / 32));
                 }
-            be_.round_bf16(ucat.data(), int64_t(ucat.size()));
-            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ucat.data(), int64_t(ucat.size()));
-            be_.matmul(lw.engram_wkv, ucat.data(), in, R, kv5.data(), (hc + 1) * dim, true);
-            be_.engram_gate(H.data(), R, hc, dim, kv5.data(), lw.engram_qk.data, float(hp.norm_eps));
-            detail::observe(env, "engram_out", L, H.data(), {R, hc, dim});
+            upload_vector(be_, ws.engram_bytes, bytes);
+            ws.ucat.resize(size_t(R * in));
+            ws.kv5.resize(size_t(R * (hc + 1) * dim));
+            be_.dequant_fp8_rows(ws.engram_bytes.data(), ws.engram_bytes.data() + value_bytes, n_rows, ehd,
+                                 ws.ucat.data());
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ws.ucat.data(), int64_t(ws.ucat.size()));
+            be_.matmul(lw.engram_wkv, ws.ucat.data(), in, R, ws.kv5.data(), (hc + 1) * dim, true);
+            be_.engram_gate(H, R, hc, dim, ws.kv5.data(), lw.engram_qk.data, float(hp.norm_eps));
+            detail::observe(env, "engram_out", L, H, {R, hc, dim});
         }
-        detail::observe(env, "layer_in", L, H.data(), {R, hc, dim});
+        detail::observe(env, "layer_in", L, H, {R, hc, dim});
         if (draft_) {
             const auto tap = std::find(hp.dspark_target_layers.begin(), hp.dspark_target_layers.end(), L);
             if (tap != hp.dspark_target_layers.end()) {
                 const int64_t k = tap - hp.dspark_target_layers.begin();
-                for (int64_t r = 0; r < R; ++r)
-                    for (int64_t d = 0; d < dim; ++d) {
-                        float s = 0;
-                        for (int j = 0; j < hc; ++j) s += H[size_t((r * hc + j) * dim + d)];
-                        taps[size_t((r * n_taps + k) * dim + d)] = round_to_bf16(s / float(hc));
-                    }
+                be_.stream_mean(H, R, hc, dim, ws.taps.data() + k * dim, n_taps * dim);
             }
         }
 
         // ---- attention sub-layer ----
-        if (!x_collapsed) be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), x.data());
+        if (!x_collapsed) be_.hc_collapse(H, R, hc, dim, ws.p_in.data(), x);
         x_collapsed = false;
-        be_.rms_norm(x.data(), R, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
-        const float* x_fp8 = x.data();  // input of the fp8 linears wq_a and wkv
+        be_.rms_norm(x, R, dim, lw.attn_norm.data, float(hp.norm_eps), x, true);
+        const float* x_fp8 = x;  // input of the fp8 linears wq_a and wkv
         if (opts_.act_quant) {
-            xq.assign(x.begin(), x.end());
-            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
-            x_fp8 = xq.data();
+            ws.xq.resize(size_t(R * dim));
+            be_.copy(ws.xq.data(), x, ws.xq.bytes());
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ws.xq.data(), int64_t(ws.xq.size()));
+            x_fp8 = ws.xq.data();
         }
-        qi.clear();
-        wi.clear();
-        ca.clear();
-        cz.clear();
+        const bool index_source = ratio > 0 && hp.is_index_source(L);
         const int src_layer = ratio > 0 ? latest_at_or_before(hp.kv_source_layers, L) : -1;
+        float* kv = layer_kv(L);
         {
             // Batched with q_a / kv: this sub-layer's own hc mix (it only serves the expand and
             // the FFN's collapse), the indexer's weight projection and the compressor's.
-            extra.assign(1, mixA.job(env, H, R, lw.hc_attn_fn));
-            if (ratio > 0 && hp.is_index_source(L)) {
-                wi.resize(size_t(R * hp.index_n_heads));
-                extra.push_back({lw.index_proj, x.data(), dim, R, wi.data(), hp.index_n_heads, true});
+            extra.assign(1, detail::mix_job(env, H, R, lw.hc_attn_fn, ws.mixA));
+            if (index_source) {
+                ws.wi.resize(size_t(R * hp.index_n_heads));
+                extra.push_back({lw.index_proj, x, dim, R, ws.wi.data(), hp.index_n_heads, true});
             }
             if (ratio > 0 && src_layer == L) {
-                ca.resize(size_t(R * hd));
-                extra.push_back({lw.compressor_kv, x.data(), dim, R, ca.data(), hd, ratio == 1});
+                ws.ca.resize(size_t(R * hd));
+                extra.push_back({lw.compressor_kv, x, dim, R, ws.ca.data(), hd, ratio == 1});
                 if (ratio == 2) {
-                    cz.resize(size_t(R * hd));
-                    extra.push_back({lw.compressor_gate, x.data(), dim, R, cz.data(), hd, false});
+                    ws.cz.resize(size_t(R * hd));
+                    extra.push_back({lw.compressor_gate, x, dim, R, ws.cz.data(), hd, false});
                 }
             }
-            detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, layer_kv[size_t(L)], &qi, extra);
+            detail::query_and_kv(env, lw, x_fp8, rows, freqs, ws.qr, ws.q, kv, index_source ? &ws.qi : nullptr, extra);
         }
-        mixA.compute(env, H, R, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale, true);
-        const std::vector<float>& kv = layer_kv[size_t(L)];
-        detail::observe(env, "q", L, q.data(), {R, hp.q_dim()});
-        detail::observe(env, "kv", L, kv.data(), {R, hd});
+        detail::compute_mix(env, H, R, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale, ws.mixA, true);
+        detail::observe(env, "q", L, ws.q.data(), {R, hp.q_dim()});
+        detail::observe(env, "kv", L, kv, {R, hd});
 
         auto source_of = [&](const item_rows& it, int layer) -> sequence_state::source_cache& {
             for (auto& c : it.seq->sources_)
@@ -304,198 +323,217 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
 
         // Compressor of a kv-source layer (§3.4.3-5): append this forward's latents and index keys.
         if (ratio > 0 && src_layer == L) {
-            MS_ASSERT(int64_t(ca.size()) == R * hd);  // computed in the first parallel step
+            const float* ca = ws.ca.data();
+            const float* cz = ws.cz.data();
             for (const auto& it : items) {
                 auto& c = source_of(it, L);
-                lat.clear();
                 idx.clear();
-                for (int64_t t = 0; t < it.count; ++t) {
-                    const int64_t r = it.first + t, p = it.start + t;
-                    const float* ar = ca.data() + r * hd;
-                    if (ratio == 1) {
-                        lat.insert(lat.end(), ar, ar + hd);
-                        idx.push_back(p);
-                        continue;
+                pools.clear();
+                stash.clear();
+                ws.lat.resize(size_t(it.count * hd));
+                float* lat = ws.lat.data();
+                if (ratio == 1) {  // a latent per row
+                    be_.copy(lat, ca + it.first * hd, size_t(it.count * hd) * sizeof(float));
+                    for (int64_t t = 0; t < it.count; ++t) idx.push_back(it.start + t);
+                } else {
+                    for (int64_t t = 0; t < it.count; ++t) {
+                        const int64_t r = it.first + t, p = it.start + t;
+                        if (p % 2 == 0) {  // first of a pair: wait (across forwards) for its partner
+                            float* slot = c.pending + (p / 2) * 2 * hd;
+                            stash.push_back({ca + r * hd, slot});
+                            stash.push_back({cz + r * hd, slot + hd});
+                            continue;
+                        }
+                        const float* a0 = t > 0 ? ca + (r - 1) * hd : c.pending + (p / 2) * 2 * hd;
+                        const float* z0 = t > 0 ? cz + (r - 1) * hd : c.pending + (p / 2) * 2 * hd + hd;
+                        pools.push_back({a0, z0, ca + r * hd, cz + r * hd, lat + int64_t(idx.size()) * hd});
+                        idx.push_back(p / 2);
                     }
-                    const float* zr = cz.data() + r * hd;
-                    if (p % 2 == 0) {  // first of a pair: wait (across forwards) for its partner
-                        float* slot = c.pending.data() + (p / 2) * 2 * hd;
-                        std::copy_n(ar, hd, slot);
-                        std::copy_n(zr, hd, slot + hd);
-                        continue;
-                    }
-                    const float* a0 = t > 0 ? ca.data() + (r - 1) * hd : c.pending.data() + (p / 2) * 2 * hd;
-                    const float* z0 = t > 0 ? cz.data() + (r - 1) * hd : c.pending.data() + (p / 2) * 2 * hd + hd;
-                    for (int64_t ch = 0; ch < hd; ++ch) {
-                        const float m = std::max(z0[ch], zr[ch]);
-                        const float e0 = std::exp(z0[ch] - m), e1 = std::exp(zr[ch] - m);
-                        lat.push_back((e0 * a0[ch] + e1 * ar[ch]) / (e0 + e1));
-                    }
-                    idx.push_back(p / 2);
+                    // A pooling at the forward's first row reads the pair a previous forward left
+                    // in slot (start - 1) / 2; this forward's stashes write later slots.
+                    if (!pools.empty()) be_.pool_pairs(pools, hd);
+                    if (!stash.empty()) be_.copy_rows(stash, hd);
                 }
                 const int64_t ne = int64_t(idx.size());
                 if (ne == 0) continue;
-                be_.round_bf16(lat.data(), int64_t(lat.size()));
-                be_.rms_norm(lat.data(), ne, hd, lw.compressor_norm.data, float(hp.norm_eps), lat.data(), true);
-                ik.resize(size_t(ne * hp.index_head_dim));
-                be_.matmul(lw.index_k, lat.data(), hd, ne, ik.data(), hp.index_head_dim, true);
-                be_.rms_norm(ik.data(), ne, hp.index_head_dim, lw.index_k_norm.data, float(hp.norm_eps), ik.data(), true);
+                be_.round_bf16(lat, ne * hd);
+                be_.rms_norm(lat, ne, hd, lw.compressor_norm.data, float(hp.norm_eps), lat, true);
+                ws.ik.resize(size_t(ne * hp.index_head_dim));
+                be_.matmul(lw.index_k, lat, hd, ne, ws.ik.data(), hp.index_head_dim, true);
+                be_.rms_norm(ws.ik.data(), ne, hp.index_head_dim, lw.index_k_norm.data, float(hp.norm_eps), ws.ik.data(),
+                             true);
                 at.resize(idx.size());
                 for (size_t k = 0; k < idx.size(); ++k) at[k] = idx[k] * ratio;  // a latent stands for its group's first token
-                be_.rope(ik.data(), ne, hp.index_head_dim, 1, hp.index_head_dim, hp.rope_dim, at.data(), freqs, false);
-                be_.rope(lat.data(), ne, hd, 1, hd, hp.rope_dim, at.data(), freqs, false);
+                upload_vector(be_, ws.at, at);
+                be_.rope(ws.ik.data(), ne, hp.index_head_dim, 1, hp.index_head_dim, hp.rope_dim, ws.at.data(), freqs, false);
+                be_.rope(lat, ne, hd, 1, hd, hp.rope_dim, ws.at.data(), freqs, false);
                 // After the index keys took the unrotated latent (§3.8).
-                detail::act_quant(env, act_quant_kind::fp4_e8m0_32, ik.data(), int64_t(ik.size()));
-                detail::act_quant(env, act_quant_kind::fp4_e4m3_16, lat.data(), int64_t(lat.size()));
-                for (int64_t k = 0; k < ne; ++k) {
-                    MS_ASSERT_MSG(idx[size_t(k)] == c.entries, "compressed entries must be appended in order");
-                    detail::store_keys(lat.data() + k * hd, 1, hd, c.latents.data() + c.entries * hd);
-                    std::copy_n(ik.data() + k * hp.index_head_dim, hp.index_head_dim,
-                                c.index_keys.data() + c.entries * hp.index_head_dim);
-                    ++c.entries;
-                }
+                detail::act_quant(env, act_quant_kind::fp4_e8m0_32, ws.ik.data(), int64_t(ws.ik.size()));
+                detail::act_quant(env, act_quant_kind::fp4_e4m3_16, lat, ne * hd);
+                for (int64_t k = 0; k < ne; ++k)
+                    MS_ASSERT_MSG(idx[size_t(k)] == c.entries + k, "compressed entries must be appended in order");
+                const key_store store{lat, c.latents + c.entries * hd, ne};
+                be_.store_keys({&store, 1}, hd);
+                be_.copy(c.index_keys + c.entries * hp.index_head_dim, ws.ik.data(),
+                         size_t(ne * hp.index_head_dim) * sizeof(float));
+                c.entries += ne;
             }
         }
 
         // Indexer of an index-source layer (§3.4.6-8).
-        if (ratio > 0 && hp.is_index_source(L)) {
+        if (index_source) {
             const int nh = hp.index_n_heads;
             const int64_t ihd = hp.index_head_dim;
-            MS_ASSERT(int64_t(qi.size()) == R * nh * ihd && int64_t(wi.size()) == R * nh);
-            be_.rope(qi.data(), R, nh * ihd, nh, ihd, hp.rope_dim, rows.pos.data(), freqs, false);
-            detail::act_quant(env, act_quant_kind::fp4_e8m0_32, qi.data(), int64_t(qi.size()));
-            const float wscale = 1.0f / std::sqrt(float(ihd * nh));
-            for (auto& v : wi) v = round_to_bf16(v * wscale);
+            MS_ASSERT(int64_t(ws.qi.size()) == R * nh * ihd && int64_t(ws.wi.size()) == R * nh);
+            be_.rope(ws.qi.data(), R, nh * ihd, nh, ihd, hp.rope_dim, rows.pos_dev, freqs, false);
+            detail::act_quant(env, act_quant_kind::fp4_e8m0_32, ws.qi.data(), int64_t(ws.qi.size()));
+            be_.scale_round(ws.wi.data(), int64_t(ws.wi.size()), 1.0f / std::sqrt(float(ihd * nh)));
             const bool is_cand_source = L == hp.candidate_source_layer;
             const bool cand_consumer = L > hp.candidate_source_layer && src_layer == hp.candidate_source_layer;
+            if (is_cand_source) {
+                mask_stride = 0;
+                for (const auto& it : items) mask_stride = std::max(mask_stride, source_of(it, src_layer).entries);
+                ws.cand_mask.resize(size_t(R * std::max<int64_t>(mask_stride, 1)));
+            }
             for (const auto& it : items) {
                 auto& own = source_of(it, src_layer);
                 const int64_t n_total = own.entries;
-                for (int64_t t = 0; t < it.count; ++t) selection[size_t(it.first + t)].clear();
+                int32_t* sel = ws.selection.data() + it.first * hp.index_topk;
+                be_.fill(sel, 0xff, size_t(it.count * hp.index_topk) * sizeof(int32_t));
                 if (n_total == 0) {
-                    for (int64_t t = 0; t < it.count; ++t) cand_mask[size_t(it.first + t)].clear();
+                    for (int64_t t = 0; t < it.count; ++t) mask_len[size_t(it.first + t)] = 0;
                     continue;
                 }
-                const float* key_base = own.index_keys.data();
+                const float* key_base = own.index_keys;
                 // The reference's stale shared slot: on a single-token step at an even position a
                 // ratio-2 owner publishes nothing, so the indexer reads the previous forward's last
                 // publisher (the ratio-1 source) instead of its own keys.
                 if (opts_.ref_compat && it.count == 1 && ratio == 2 && it.start % 2 == 0 && last_source >= 0) {
                     auto& stale = source_of(it, last_source);
                     MS_ASSERT(stale.entries >= n_total);
-                    key_base = stale.index_keys.data();
+                    key_base = stale.index_keys;
                 }
                 n_vis.resize(size_t(it.count));
                 for (int64_t t = 0; t < it.count; ++t) n_vis[size_t(t)] = (it.start + t + 1) / ratio;
-                sc.resize(size_t(it.count * n_total));
-                be_.indexer_scores(qi.data() + it.first * nh * ihd, wi.data() + it.first * nh, it.count, nh, ihd,
-                                   key_base, n_total, n_vis.data(), sc.data());
-                for (int64_t t = 0; t < it.count; ++t) {
-                    const int64_t r = it.first + t, pos = it.start + t;
-                    float* s = sc.data() + t * n_total;
-                    if (is_cand_source) {
-                        // Level 1: blocks of candidate_block_size, block score = max, the block of the
-                        // newest visible entry pinned, top candidate_topk_blocks kept (§3.4.7).
-                        const int64_t bs = hp.candidate_block_size;
-                        const int64_t n_blocks = (n_total + bs - 1) / bs;
-                        bscore.assign(size_t(n_blocks), -kInf);
-                        for (int64_t j = 0; j < n_total; ++j) bscore[size_t(j / bs)] = std::max(bscore[size_t(j / bs)], s[j]);
-                        const int64_t pin = floor_div(n_vis[size_t(t)] - 1, bs);
-                        if (pin >= 0) bscore[size_t(pin)] = kInf;
-                        const int64_t keep = std::min(hp.candidate_topk_blocks, n_blocks);
-                        order.resize(size_t(keep));
-                        detail::top_k(bscore.data(), n_blocks, keep, order.data());
-                        auto& mask = cand_mask[size_t(r)];
-                        mask.assign(size_t(n_total), 0);
-                        for (int64_t k = 0; k < keep; ++k) {
-                            const int64_t b = order[size_t(k)];
-                            if (bscore[size_t(b)] == -kInf) continue;
-                            for (int64_t j = b * bs; j < std::min(n_total, (b + 1) * bs); ++j) mask[size_t(j)] = 1;
-                        }
-                        if (opts_.hook) opts_.hook->mask({pick_kind::candidates, L, pos, it.count}, mask);
-                    } else if (cand_consumer && !cand_mask[size_t(r)].empty()) {
-                        const auto& mask = cand_mask[size_t(r)];
-                        for (int64_t j = 0; j < n_total; ++j)
-                            if (j >= int64_t(mask.size()) || !mask[size_t(j)]) s[j] = -kInf;
-                    }
-                    // Level 2: top-k over every entry present, ties to the lower index, back in
-                    // index order; entries this row cannot see become -1.
-                    const int64_t k = std::min(hp.index_topk, n_total);
-                    ids.assign(size_t(hp.index_topk), -1);
-                    if (k == n_total) {  // every entry is picked (short contexts): index order, no sort
-                        std::iota(ids.begin(), ids.begin() + k, 0);
-                    } else {
-                        detail::top_k(s, n_total, k, ids.data());
-                        std::sort(ids.begin(), ids.begin() + k);
-                    }
-                    for (int64_t j = 0; j < k; ++j)
-                        if (ids[size_t(j)] >= n_vis[size_t(t)]) ids[size_t(j)] = -1;
-                    if (opts_.hook) opts_.hook->picks({pick_kind::indexer, L, pos, it.count}, ids);
-                    auto& sel = selection[size_t(r)];
-                    for (int32_t id : ids)
-                        if (id >= 0) {
-                            MS_ASSERT_MSG(id < n_total, "indexer pick out of range");
-                            sel.push_back(id);
-                        }
-                    std::sort(sel.begin(), sel.end());
+                ws.sc.resize(size_t(it.count * n_total));
+                be_.indexer_scores(ws.qi.data() + it.first * nh * ihd, ws.wi.data() + it.first * nh, it.count, nh, ihd,
+                                   key_base, n_total, n_vis.data(), ws.sc.data());
+                indexer_pick pick;
+                pick.scores = ws.sc.data();
+                pick.rows = it.count;
+                pick.n_total = n_total;
+                pick.n_visible = n_vis.data();
+                pick.topk = hp.index_topk;
+                pick.selection = sel;
+                pick.block_size = hp.candidate_block_size;
+                pick.topk_blocks = hp.candidate_topk_blocks;
+                pick.mask = ws.cand_mask.data() + it.first * mask_stride;
+                pick.mask_stride = mask_stride;
+                if (is_cand_source) {
+                    pick.cand = indexer_pick::candidates::source;
+                } else if (cand_consumer && mask_len[size_t(it.first)] > 0) {
+                    // Every row of an item shares its mask's length (the source's entries then).
+                    pick.cand = indexer_pick::candidates::consumer;
+                    pick.mask_len = mask_len[size_t(it.first)];
                 }
-                if (opts_.observer) detail::observe(env, "lid_score", L, sc.data(), {it.count, n_total});
+                be_.indexer_select(pick);
+                if (is_cand_source)
+                    for (int64_t t = 0; t < it.count; ++t) mask_len[size_t(it.first + t)] = n_total;
+                if (opts_.hook) {
+                    // Tests and --force-picks see (and may replace) every mask and selection.
+                    std::vector<uint8_t> mask(static_cast<size_t>(n_total));
+                    std::vector<int32_t> ids(static_cast<size_t>(hp.index_topk));
+                    for (int64_t t = 0; t < it.count; ++t) {
+                        const int64_t pos = it.start + t;
+                        if (is_cand_source) {
+                            uint8_t* m = pick.mask + t * mask_stride;
+                            be_.download(mask.data(), m, mask.size());
+                            opts_.hook->mask({pick_kind::candidates, L, pos, it.count}, mask);
+                            be_.upload(m, mask.data(), mask.size());
+                        }
+                        int32_t* row_sel = sel + t * hp.index_topk;
+                        be_.download(ids.data(), row_sel, ids.size() * sizeof(int32_t));
+                        opts_.hook->picks({pick_kind::indexer, L, pos, it.count}, ids);
+                        // The selection is the valid picks in ascending order, whatever order the
+                        // hook left them in.
+                        std::vector<int32_t> valid;
+                        for (int32_t id : ids)
+                            if (id >= 0) {
+                                MS_ASSERT_MSG(id < n_total, "indexer pick out of range");
+                                valid.push_back(id);
+                            }
+                        std::sort(valid.begin(), valid.end());
+                        valid.resize(ids.size(), -1);
+                        be_.upload(row_sel, valid.data(), valid.size() * sizeof(int32_t));
+                    }
+                }
+                if (opts_.observer) detail::observe(env, "lid_score", L, ws.sc.data(), {it.count, n_total});
             }
         }
 
         // ---- sparse attention over window + selected compressed entries ----
-        kv_bits.resize(kv.size());
-        detail::store_keys(kv.data(), int64_t(kv.size()) / hd, hd, kv_bits.data());
+        ws.kv_bits.resize(size_t(R * hd));
+        {
+            const key_store store{kv, ws.kv_bits.data(), R};
+            be_.store_keys({&store, 1}, hd);
+        }
         for (const auto& it : items) {
-            const auto& ring = it.seq->rings_[size_t(L)];
             const int64_t cap = it.seq->ring_capacity_;
             const sequence_state::source_cache* c = ratio > 0 ? &source_of(it, src_layer) : nullptr;
             for (int64_t t = 0; t < it.count; ++t) {
                 const int64_t r = it.first + t, pos = it.start + t;
-                auto& kl = keys[size_t(r)];
-                kl.clear();
-                for (int64_t p = std::max<int64_t>(0, pos - hp.window + 1); p <= pos; ++p)
-                    kl.push_back(p < it.start ? ring.data() + (p % cap) * hd : kv_bits.data() + (it.first + p - it.start) * hd);
-                if (c)
-                    for (int32_t j : selection[size_t(r)]) kl.push_back(c->latents.data() + j * hd);
-                arows[size_t(r)].keys = kl.data();
-                arows[size_t(r)].n_keys = int64_t(kl.size());
+                const int64_t lo = std::max<int64_t>(0, pos - hp.window + 1);
+                // Positions before this forward come from the ring, the rest from this forward's rows.
+                const int64_t fresh_lo = std::max(lo, it.start);
+                attention_row& ar = arows[size_t(r)];
+                ar.ring = it.seq->rings_[size_t(L)];
+                ar.ring_capacity = cap;
+                ar.ring_first = lo;
+                ar.ring_count = std::max<int64_t>(0, it.start - lo);
+                ar.fresh = ws.kv_bits.data() + (it.first + fresh_lo - it.start) * hd;
+                ar.fresh_count = pos - fresh_lo + 1;
+                ar.latents = c ? c->latents : nullptr;
+                ar.selection = c ? ws.selection.data() + r * hp.index_topk : nullptr;
+                ar.selection_len = c ? hp.index_topk : 0;
             }
         }
         // The output projection's pass also expands the streams and collapses them into the MoE
         // input (with the attention's own mix: V4.1 threading). x is free: its readers ran.
-        const hc_update updA{H.data(), mixA.post.data(), mixA.comb.data(), mixA.pre.data(), x.data(), hc};
-        detail::attend_and_project(env, lw, q, arows, rows, freqs, a, &updA);
-        detail::observe(env, "attn_out", L, a.data(), {R, dim});
+        const hc_update updA{H, ws.mixA.post.data(), ws.mixA.comb.data(), ws.mixA.pre.data(), x, hc};
+        detail::attend_and_project(env, lw, ws.q, arows, rows, freqs, ws.a, &updA);
+        detail::observe(env, "attn_out", L, ws.a.data(), {R, dim});
 
         // ---- MoE sub-layer ----
-        be_.rms_norm(x.data(), R, dim, lw.ffn_norm.data, float(hp.norm_eps), x.data(), true);
-        const matmul_job mixF_job = mixF.job(env, H, R, lw.hc_ffn_fn);  // batched with the router
+        be_.rms_norm(x, R, dim, lw.ffn_norm.data, float(hp.norm_eps), x, true);
+        const matmul_job mixF_job = detail::mix_job(env, H, R, lw.hc_ffn_fn, ws.mixF);  // batched with the router
         const layer_weights* next = L + 1 < hp.n_layers ? &w_.layers[size_t(L + 1)] : nullptr;
         // The MoE's output pass expands the streams too and, unless the next layer's engram must
         // change them first, collapses them into its attention input (x is free by then).
         const bool collapse_next = next && !hp.is_engram_layer(L + 1);
         const auto update_F = [&]() -> hc_update {
-            mixF.compute(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, true);
-            return {H.data(), mixF.post.data(), mixF.comb.data(), mixF.pre.data(), collapse_next ? x.data() : nullptr, hc};
+            detail::compute_mix(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF, true);
+            return {H, ws.mixF.post.data(), ws.mixF.comb.data(), ws.mixF.pre.data(), collapse_next ? x : nullptr, hc};
         };
-        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x.data(), rows, f, {&mixF_job, 1}, next, update_F);
+        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next, update_F);
             !st) {
             restore();
             return st;
         }
-        detail::observe(env, "ffn_moe_out", L, f.data(), {R, dim});
-        p_in = mixF.pre;  // collapses the next layer's attention input where the pass did not
+        detail::observe(env, "ffn_moe_out", L, ws.f.data(), {R, dim});
+        // The FFN's mix collapses the next layer's attention input where the pass did not.
+        ws.p_in.resize(size_t(R * hc));
+        be_.copy(ws.p_in.data(), ws.mixF.pre.data(), ws.p_in.bytes());
         x_collapsed = collapse_next;
     }
 
     // ---- final collapse with the last FFN mix, norm, LM head ----
-    std::vector<float> h(static_cast<size_t>(R * dim)), hn(static_cast<size_t>(R * dim));
-    be_.hc_collapse(H.data(), R, hc, dim, p_in.data(), h.data());
-    be_.rms_norm(h.data(), R, dim, w_.output_norm.data, float(hp.norm_eps), hn.data(), true);
-    detail::observe(env, "final_streams", -1, H.data(), {R, hc, dim});
-    detail::observe(env, "final_hidden", -1, h.data(), {R, dim});
-    detail::observe(env, "final_normed", -1, hn.data(), {R, dim});
+    ws.h.resize(size_t(R * dim));
+    ws.hn.resize(size_t(R * dim));
+    be_.hc_collapse(H, R, hc, dim, ws.p_in.data(), ws.h.data());
+    be_.rms_norm(ws.h.data(), R, dim, w_.output_norm.data, float(hp.norm_eps), ws.hn.data(), true);
+    detail::observe(env, "final_streams", -1, H, {R, hc, dim});
+    detail::observe(env, "final_hidden", -1, ws.h.data(), {R, dim});
+    detail::observe(env, "final_normed", -1, ws.hn.data(), {R, dim});
     std::vector<int64_t> out_rows;
     for (size_t i = 0; i < items.size(); ++i) {
         if (batch[i].all_logits)
@@ -503,26 +541,30 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         else
             out_rows.push_back(items[i].first + items[i].count - 1);
     }
-    std::vector<float> xin(out_rows.size() * size_t(dim));
-    for (size_t k = 0; k < out_rows.size(); ++k) std::copy_n(hn.data() + out_rows[k] * dim, dim, xin.data() + k * dim);
-    logits.resize(out_rows.size() * size_t(hp.vocab));
-    be_.matmul(w_.output, xin.data(), dim, int64_t(out_rows.size()), logits.data(), hp.vocab, false);
+    const int64_t n_out = int64_t(out_rows.size());
+    ws.xin.resize(size_t(n_out * dim));
+    be_.gather_rows(ws.hn.data(), dim, out_rows.data(), n_out, dim, ws.xin.data());
+    ws.logits.resize(size_t(n_out * hp.vocab));
+    be_.matmul(w_.output, ws.xin.data(), dim, n_out, ws.logits.data(), hp.vocab, false);
 
     // ---- DSpark: every row's main_kv into the stage rings (§5.2 prefill/decode) ----
-    std::vector<std::vector<float>> stage_kv;
     if (draft_) {
-        std::vector<float> mx(static_cast<size_t>(R * dim));
-        std::vector<float> tq(taps);  // main_proj input (fp8 linear)
-        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, tq.data(), int64_t(tq.size()));
-        be_.matmul(draft_->fc, tq.data(), n_taps * dim, R, mx.data(), dim, true);
-        be_.rms_norm(mx.data(), R, dim, draft_->enc_norm.data, float(hp.norm_eps), mx.data(), true);
-        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, mx.data(), int64_t(mx.size()));  // input of each stage's wkv
+        ws.mx.resize(size_t(R * dim));
+        ws.tq.resize(ws.taps.size());  // main_proj input (fp8 linear)
+        be_.copy(ws.tq.data(), ws.taps.data(), ws.taps.bytes());
+        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ws.tq.data(), int64_t(ws.tq.size()));
+        be_.matmul(draft_->fc, ws.tq.data(), n_taps * dim, R, ws.mx.data(), dim, true);
+        be_.rms_norm(ws.mx.data(), R, dim, draft_->enc_norm.data, float(hp.norm_eps), ws.mx.data(), true);
+        detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ws.mx.data(), int64_t(ws.mx.size()));  // input of each stage's wkv
+        ws.stage_kv.resize(size_t(hp.n_mtp * R * hd));
         for (int s = 0; s < hp.n_mtp; ++s)
-            detail::window_kv(env, draft_->stages[size_t(s)], mx.data(), rows, freqs_plain_.data(), stage_kv.emplace_back());
-        detail::observe(env, "dspark_main_hidden", -1, taps.data(), {R, n_taps * dim});
+            detail::window_kv(env, draft_->stages[size_t(s)], ws.mx.data(), rows, ws.freqs_plain.data(),
+                              ws.stage_kv.data() + int64_t(s) * R * hd);
+        detail::observe(env, "dspark_main_hidden", -1, ws.taps.data(), {R, n_taps * dim});
     }
 
     // ---- commit: tokens, window rings, DSpark rings ----
+    stores.clear();
     for (size_t i = 0; i < items.size(); ++i) {
         auto& it = items[i];
         auto& seq = *it.seq;
@@ -531,16 +573,22 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         for (int64_t t = from; t < it.count; ++t) {
             const int64_t p = it.start + t, r = it.first + t;
             for (int L = 0; L < hp.n_layers; ++L)
-                detail::store_keys(layer_kv[size_t(L)].data() + r * hd, 1, hd, seq.rings_[size_t(L)].data() + (p % cap) * hd);
-            for (int s = 0; s < int(stage_kv.size()); ++s)
-                detail::store_keys(stage_kv[size_t(s)].data() + r * hd, 1, hd, seq.draft_rings_[size_t(s)].data() + (p % cap) * hd);
+                stores.push_back({layer_kv(L) + r * hd, seq.rings_[size_t(L)] + (p % cap) * hd, 1});
+            if (draft_)
+                for (int s = 0; s < hp.n_mtp; ++s)
+                    stores.push_back({ws.stage_kv.data() + (int64_t(s) * R + r) * hd,
+                                      seq.draft_rings_[size_t(s)] + (p % cap) * hd, 1});
         }
         seq.tokens_.insert(seq.tokens_.end(), batch[i].tokens.begin(), batch[i].tokens.end());
         if (draft_) {
-            const float* last = taps.data() + (it.first + it.count - 1) * n_taps * dim;
-            seq.last_main_hidden_.assign(last, last + n_taps * dim);
+            be_.copy(seq.last_main_hidden_, ws.taps.data() + (it.first + it.count - 1) * n_taps * dim,
+                     size_t(n_taps * dim) * sizeof(float));
+            seq.has_main_hidden_ = true;
         }
     }
+    be_.store_keys(stores, hd);
+    logits.resize(size_t(n_out * hp.vocab));
+    be_.download(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
     return {};
 }
 

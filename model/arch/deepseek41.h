@@ -158,38 +158,51 @@ class tensor_observer {
 };
 
 // ---- per-sequence state ----------------------------------------------------------------------
+// Window rings, compressed caches with their index keys and ratio-2 pending pairs, DSpark rings
+// and the last DSpark taps live in the backend's memory (one allocation per sequence); the token
+// history and the cache lengths on the host, which schedules with them.
 class sequence_state {
   public:
     // Room for `max_tokens` positions; truncate() can go back at most `rollback` positions past
     // what the window rings still hold (ring capacity = window + rollback).
-    sequence_state(const hparams& hp, int64_t max_tokens, int64_t rollback, bool with_draft);
+    sequence_state(backend& be, const hparams& hp, int64_t max_tokens, int64_t rollback, bool with_draft);
+    // The backend memory such a sequence takes (start-up planning).
+    static size_t memory_bytes(const hparams& hp, int64_t max_tokens, int64_t rollback, bool with_draft);
 
     int64_t size() const { return int64_t(tokens_.size()); }
     int64_t capacity() const { return max_tokens_; }
     std::span<const int32_t> tokens() const { return tokens_; }
     // Forgets every position >= n; n must be within `rollback` of the current size (or 0).
     status truncate(int64_t n);
-    // The taps of the latest forward's last row (mean of the streams entering the tap layers).
-    std::span<const float> last_main_hidden() const { return last_main_hidden_; }
+    // Becomes a copy of `other` (same backend, shapes and rollback): one pass over its memory.
+    void copy_from(const sequence_state& other);
+    // The taps of the latest forward's last row (mean of the streams entering the tap layers), as
+    // a host copy; empty before the first forward with a draft and after truncate().
+    std::vector<float> last_main_hidden() const;
 
   private:
     friend class model;
     struct source_cache {
         int layer = -1;
         int ratio = 0;
-        std::vector<uint16_t> latents;  // [entries, head_dim], rotated, bf16 (attention keys)
-        std::vector<float> index_keys;  // [entries, index_head_dim], rotated
-        std::vector<float> pending;     // ratio 2: (a, z) of every even position, [groups, 2, head_dim]
+        uint16_t* latents = nullptr;  // [entries, head_dim], rotated, bf16 (attention keys)
+        float* index_keys = nullptr;  // [entries, index_head_dim], rotated
+        float* pending = nullptr;     // ratio 2: (a, z) of every even position, [groups, 2, head_dim]
         int64_t entries = 0;
     };
+    struct layout;  // where each part sits in memory_
+    backend* be_;
     int64_t max_tokens_;
     int64_t ring_capacity_;
     int64_t rollback_;
+    backend_array<std::byte> memory_;
     std::vector<int32_t> tokens_;
-    std::vector<std::vector<uint16_t>> rings_;     // per layer [ring_capacity, head_dim], bf16 (attention keys)
-    std::vector<source_cache> sources_;            // one per kv source layer
-    std::vector<std::vector<uint16_t>> draft_rings_;  // per DSpark stage, as rings_
-    std::vector<float> last_main_hidden_;
+    std::vector<uint16_t*> rings_;        // per layer [ring_capacity, head_dim], bf16 (attention keys)
+    std::vector<source_cache> sources_;   // one per kv source layer
+    std::vector<uint16_t*> draft_rings_;  // per DSpark stage, as rings_
+    float* last_main_hidden_ = nullptr;   // [taps * dim]
+    int64_t main_hidden_size_ = 0;
+    bool has_main_hidden_ = false;
 };
 
 // ---- the model -------------------------------------------------------------------------------
@@ -219,6 +232,12 @@ struct draft_output {
     std::vector<float> confidence;   // [block_size] raw logits
 };
 
+namespace detail {
+struct workspace;
+}
+
+// The weights' views point into the backend's memory (for the CPU backend: the memory mapping;
+// see scheduler/device_weights.h for a device), except the engram tables, which the host reads.
 class model {
   public:
     model(const hparams& hp, const model_weights& w, const draft_weights* draft, expert_source& experts,
@@ -226,7 +245,10 @@ class model {
     ~model();
 
     const hparams& hp() const { return hp_; }
+    backend& compute() const { return be_; }
     bool has_draft() const { return draft_ != nullptr; }
+    // A fresh sequence in this model's backend, with DSpark state when the model has a draft.
+    std::unique_ptr<sequence_state> new_sequence(int64_t max_tokens, int64_t rollback) const;
     void set_options(model_options opts) { opts_ = opts; }
     const model_options& options() const { return opts_; }
 
@@ -252,6 +274,7 @@ class model {
     backend& be_;
     model_options opts_;
     std::vector<float> freqs_plain_, freqs_yarn_;
+    std::unique_ptr<detail::workspace> ws_;  // the forward's buffers, in the backend, kept between forwards
 };
 
 // Engram hash rows (§3.2) of position `pos` given the token history up to and including pos:

@@ -7,47 +7,43 @@
 #include <optional>
 
 #include "model/arch/deepseek41_internal.h"
-#include "model/bf16.h"
-#include "model/quant.h"
 
 namespace moestream::dsv41::detail {
 
-matmul_job hc_mix::job(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn) {
-    fn_h.resize(size_t(n * fn.rows));
-    return {fn, H.data(), e.hp.hc_mult * e.hp.dim, n, fn_h.data(), fn.rows, false};
+matmul_job mix_job(const env& e, const float* H, int64_t n, const weight_view& fn, hc_mix& mix) {
+    mix.fn_h.resize(size_t(n * fn.rows));
+    return {fn, H, e.hp.hc_mult * e.hp.dim, n, mix.fn_h.data(), fn.rows, false};
 }
 
-void hc_mix::compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn,
-                     const vector_view& base, const vector_view& scale, bool fn_h_ready) {
+void compute_mix(const env& e, const float* H, int64_t n, const weight_view& fn, const vector_view& base,
+                 const vector_view& scale, hc_mix& mix, bool fn_h_ready) {
     const int hc = e.hp.hc_mult;
-    pre.resize(size_t(n * hc));
-    post.resize(size_t(n * hc));
-    comb.resize(size_t(n * hc * hc));
-    e.be.hc_mixes(H.data(), n, hc, e.hp.dim, fn, base.data, scale.data, e.hp.hc_sinkhorn_iters, float(e.hp.hc_eps),
-                  float(e.hp.norm_eps), pre.data(), post.data(), comb.data(), fn_h_ready ? fn_h.data() : nullptr);
+    mix.pre.resize(size_t(n * hc));
+    mix.post.resize(size_t(n * hc));
+    mix.comb.resize(size_t(n * hc * hc));
+    e.be.hc_mixes(H, n, hc, e.hp.dim, fn, base.data, scale.data, e.hp.hc_sinkhorn_iters, float(e.hp.hc_eps),
+                  float(e.hp.norm_eps), mix.pre.data(), mix.post.data(), mix.comb.data(),
+                  fn_h_ready ? mix.fn_h.data() : nullptr);
 }
 
 // kv = W_kv · x  ->  RoPE(RMSNorm(kv)) (+ the fp8 round trip with act_quant), in place.
-void finish_window_kv(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs,
-                      std::vector<float>& kv) {
+void finish_window_kv(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs, float* kv) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
-    e.be.rms_norm(kv.data(), n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv.data(), true);
-    e.be.rope(kv.data(), n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
-    act_quant(e, act_quant_kind::fp8_e8m0_32, kv.data(), int64_t(kv.size()));
+    e.be.rms_norm(kv, n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv, true);
+    e.be.rope(kv, n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos_dev, freqs, false);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv, n * hp.head_dim);
 }
 
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi,
-                  std::span<const matmul_job> extra) {
+                  barray<float>& qr, barray<float>& q, float* kv, barray<float>* qi, std::span<const matmul_job> extra) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
     qr.resize(size_t(n * hp.q_lora_rank));
     q.resize(size_t(n * hp.q_dim()));
-    kv.resize(size_t(n * hp.head_dim));
     thread_local std::vector<matmul_job> first, second;  // kept between calls
     first.assign({{lw.q_a, x, hp.dim, n, qr.data(), hp.q_lora_rank, true},
-                  {lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true}});
+                  {lw.kv, x, hp.dim, n, kv, hp.head_dim, true}});
     first.insert(first.end(), extra.begin(), extra.end());
     e.be.matmul_batch(first);
     e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
@@ -60,35 +56,23 @@ void query_and_kv(const env& e, const layer_weights& lw, const float* x, const r
         second.push_back({lw.index_q_b, qr.data(), hp.q_lora_rank, n, qi->data(), width, true});
     }
     e.be.matmul_batch(second);
-    e.be.rope(q.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, false);
+    e.be.rope(q.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos_dev, freqs, false);
 }
 
 void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-               std::vector<float>& kv) {
+               float* kv) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
-    kv.resize(size_t(n * hp.head_dim));
-    e.be.matmul(lw.kv, x, hp.dim, n, kv.data(), hp.head_dim, true);
+    e.be.matmul(lw.kv, x, hp.dim, n, kv, hp.head_dim, true);
     finish_window_kv(e, lw, rows, freqs, kv);
 }
 
-namespace {
-
-// Buffers of attend_and_project, kept between calls (a decode step makes one call per layer).
-struct attend_scratch {
-    std::vector<float> o, u;
-    std::vector<matmul_job> groups;
-};
-thread_local attend_scratch t_attend;
-
-}  // namespace
-
-void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
+void attend_and_project(const env& e, const layer_weights& lw, const barray<float>& q,
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
-                        std::vector<float>& out, const hc_update* upd) {
+                        barray<float>& out, const hc_update* upd) {
     const auto& hp = e.hp;
     const int64_t n = rows.n();
-    std::vector<float>& o = t_attend.o;
+    barray<float>& o = e.ws.o;
     o.resize(size_t(n * hp.q_dim()));
     for (int64_t r = 0; r < n; ++r) {
         arows[size_t(r)].q = q.data() + r * hp.q_dim();
@@ -97,13 +81,13 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     e.be.attention(arows, hp.n_heads, hp.head_dim, 1.0f / std::sqrt(float(hp.head_dim)), lw.attn_sinks.data,
                    e.opts.act_quant);
     // The values carry the rotated tail: turn it back at the query's own position.
-    e.be.rope(o.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos.data(), freqs, true);
+    e.be.rope(o.data(), n, hp.q_dim(), hp.n_heads, hp.head_dim, hp.rope_dim, rows.pos_dev, freqs, true);
     // Grouped output: group g (heads g*hpg .. ) through its own row block of W_oa.
     const int64_t group_in = hp.head_dim * hp.heads_per_group();
     const int64_t low = hp.o_lora_rank * hp.o_groups;
-    std::vector<float>& u = t_attend.u;
+    barray<float>& u = e.ws.u;
     u.resize(size_t(n * low));
-    std::vector<matmul_job>& groups = t_attend.groups;
+    thread_local std::vector<matmul_job> groups;  // kept between calls
     groups.clear();
     for (int g = 0; g < hp.o_groups; ++g)
         groups.push_back({lw.out_a.slice_rows(g * hp.o_lora_rank, hp.o_lora_rank), o.data() + g * group_in, hp.q_dim(),
@@ -116,50 +100,25 @@ void attend_and_project(const env& e, const layer_weights& lw, const std::vector
     e.be.output_sum({&term, 1}, n, hp.dim, out.data(), upd);
 }
 
-void top_k(const float* v, int64_t n, int64_t k, int32_t* out) {
-    MS_ASSERT(k >= 0 && k <= n);
-    if (k == 0) return;
-    // Small k (the router's picks): insertion into the sorted prefix, no allocation. Entries come
-    // in ascending index, so an equal score never displaces an earlier one: the same order as
-    // the sort below (score descending, then lower index).
-    if (k <= 16) {
-        int64_t held = 0;
-        for (int64_t i = 0; i < n; ++i) {
-            const float x = v[i];
-            if (held == k && !(x > v[out[k - 1]])) continue;
-            int64_t at = held < k ? held++ : k - 1;
-            while (at > 0 && x > v[out[at - 1]]) {
-                out[at] = out[at - 1];
-                --at;
-            }
-            out[at] = int32_t(i);
-        }
-        return;
-    }
-    std::vector<int32_t> idx(static_cast<size_t>(n));
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-        return v[a] > v[b] || (v[a] == v[b] && a < b);
-    });
-    std::copy(idx.begin(), idx.begin() + k, out);
-}
-
 namespace {
 
-// Every expert's rows of one MoE step: its input rows, their routing weights, and its buffers.
+// Every expert's rows of one MoE step (host bookkeeping) and where its values sit in the
+// workspace's per-assignment arrays.
 struct expert_work {
-    std::vector<int64_t> rows;
-    std::vector<float> w, x, g, u, y;
-    const float* in = nullptr;  // its input rows: x, or the step's own input when it takes every row
+    std::vector<int64_t> rows;    // its input rows
+    std::vector<int64_t> assign;  // their assignments r * n_active + j (the routing weights' index)
+    int64_t first = 0;            // its first assignment in the concatenated arrays
+    const float* in = nullptr;    // its input rows: gathered, or the step's own input when it takes every row
+    const float* w = nullptr;     // its rows' routing weights
+    float *g = nullptr, *u = nullptr, *y = nullptr;
     bool down_in_output = false;  // its down projection runs inside output_sum
     expert_weights ew;
 };
 
-// moe()'s buffers, kept per thread between calls: decode runs it 40 times a token, and fresh
-// vectors (allocated, zero-filled, freed) cost more there than the routing arithmetic.
+// moe()'s host bookkeeping, kept per thread between calls (decode runs it 40 times a token).
 struct moe_scratch {
-    std::vector<float> xq, scores, biased, shared_g, shared_u, ahead, weights;
     std::vector<int32_t> picks, needed, predicted, pending;
+    std::vector<int64_t> x_rows, w_index;
     std::vector<size_t> group;
     std::vector<matmul_job> jobs;
     std::vector<output_term> terms;
@@ -191,12 +150,19 @@ void push_gate_up(std::vector<matmul_job>& jobs, const expert_weights& ew, const
     jobs.push_back(gate);
 }
 
+// Sorted distinct ids.
+void distinct(std::vector<int32_t>& v) {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
 }  // namespace
 
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra,
+           const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
            const layer_weights* next, const std::function<hc_update()>& update) {
     const auto& hp = e.hp;
+    workspace& ws = e.ws;
     moe_scratch& sc = t_moe;
     const int64_t n = rows.n(), dim = hp.dim;
     const float limit = float(hp.swiglu_limit);
@@ -205,81 +171,72 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     // Routed and shared experts are fp4/fp8 linears: their input goes through the fp8 round trip
     // (the router, fp32, sees x itself).
     const float* xe = x;
-    std::vector<float>& xq = sc.xq;
     if (e.opts.act_quant) {
-        xq.assign(x, x + n * dim);
-        act_quant(e, act_quant_kind::fp8_e8m0_32, xq.data(), n * dim);
-        xe = xq.data();
+        ws.moe_xq.resize(size_t(n * dim));
+        e.be.copy(ws.moe_xq.data(), x, size_t(n * dim) * sizeof(float));
+        act_quant(e, act_quant_kind::fp8_e8m0_32, ws.moe_xq.data(), n * dim);
+        xe = ws.moe_xq.data();
     }
     // One parallel step: the router, the shared expert's gate/up (they need no routing) and the
     // caller's extra work.
     const expert_weights shared_ew{lw.gate_shexp, lw.up_shexp, lw.down_shexp};
     const int64_t sinter = lw.gate_shexp.rows;
-    std::vector<float>&scores = sc.scores, &biased = sc.biased, &shared_g = sc.shared_g, &shared_u = sc.shared_u;
-    scores.resize(size_t(n * n_experts));
-    biased.resize(size_t(n_experts));
-    shared_g.resize(size_t(n * sinter));
-    shared_u.resize(size_t(n * sinter));
-    std::vector<float>& ahead = sc.ahead;  // the next layer's router on this input (look-ahead)
-    ahead.clear();
+    ws.scores.resize(size_t(n * n_experts));
+    ws.shared_g.resize(size_t(n * sinter));
+    ws.shared_u.resize(size_t(n * sinter));
+    const bool look_ahead = next && e.opts.lookahead;  // the next layer's router on this input
     {
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
-        first.push_back({lw.gate_inp, x, dim, n, scores.data(), n_experts, false, true});
-        push_gate_up(first, shared_ew, xe, dim, n, shared_g.data(), shared_u.data(), limit, nullptr, pair);
+        first.push_back({lw.gate_inp, x, dim, n, ws.scores.data(), n_experts, false, true});
+        push_gate_up(first, shared_ew, xe, dim, n, ws.shared_g.data(), ws.shared_u.data(), limit, nullptr, pair);
         first.insert(first.end(), extra.begin(), extra.end());
-        if (next && e.opts.lookahead) {
-            ahead.resize(size_t(n * n_experts));
-            first.push_back({next->gate_inp, x, dim, n, ahead.data(), n_experts, false, true});
+        if (look_ahead) {
+            ws.ahead.resize(size_t(n * n_experts));
+            first.push_back({next->gate_inp, x, dim, n, ws.ahead.data(), n_experts, false, true});
         }
         e.be.matmul_batch(first);
     }
     std::optional<hc_update> upd;
     if (update) upd = update();
     // Router in fp32 (§3.5): scores s = sqrt(softplus(W_g x)) (formed in the parallel step); the
-    // bias only selects.
-    std::vector<int32_t>& picks = sc.picks;
-    std::vector<float>& weights = sc.weights;
-    picks.resize(size_t(n * n_active));
-    weights.resize(size_t(n * n_active));
+    // bias only selects; the weights come from the unbiased scores.
+    const int64_t k = n_active, n_assign = n * k;
+    ws.picks.resize(size_t(n_assign));
+    ws.weights.resize(size_t(n_assign));
     MS_ASSERT(lw.exp_probs_b.size == n_experts);
-    const float* bias = lw.exp_probs_b.data;
-    for (int64_t r = 0; r < n; ++r) {
-        float* s = scores.data() + r * n_experts;
-        for (int i = 0; i < n_experts; ++i) biased[size_t(i)] = s[i] + bias[i];
-        std::span<int32_t> p(picks.data() + r * n_active, size_t(n_active));
-        top_k(biased.data(), n_experts, n_active, p.data());
-        if (e.opts.hook)
+    e.be.route(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale, true, ws.picks.data(),
+               ws.weights.data());
+    // The picks are the host's to schedule with (a few bytes).
+    std::vector<int32_t>& picks = sc.picks;
+    picks.resize(size_t(n_assign));
+    e.be.download(picks.data(), ws.picks.data(), picks.size() * sizeof(int32_t));
+    if (e.opts.hook) {
+        for (int64_t r = 0; r < n; ++r)
             e.opts.hook->picks({layer >= hp.n_layers ? pick_kind::draft_router : pick_kind::router, layer,
                                 rows.pos[size_t(r)], rows.seq_rows[size_t(r)]},
-                               p);
-        float sum = 0;
-        for (int32_t id : p) {
-            MS_ASSERT_MSG(id >= 0 && id < n_experts, "router pick out of range");
-            sum += s[id];
-        }
-        for (int k = 0; k < n_active; ++k)
-            weights[size_t(r * n_active + k)] = float(s[p[size_t(k)]] / (sum + 1e-20f) * hp.route_scale);
+                               std::span<int32_t>(picks.data() + r * k, size_t(k)));
+        for (int32_t id : picks) MS_ASSERT_MSG(id >= 0 && id < n_experts, "router pick out of range");
+        e.be.upload(ws.picks.data(), picks.data(), picks.size() * sizeof(int32_t));
+        e.be.route(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale, false,
+                   ws.picks.data(), ws.weights.data());
     }
-    observe(e, "router_scores", layer, scores.data(), {n, n_experts});
+    observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});
 
     // The union of the rows' experts, announced at once (one read queue for the whole layer).
     std::vector<int32_t>& needed = sc.needed;
     needed.assign(picks.begin(), picks.end());
-    std::sort(needed.begin(), needed.end());
-    needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
+    distinct(needed);
     e.experts.need(layer, needed);
-    if (!ahead.empty()) {
-        std::vector<int32_t>& predicted = sc.predicted;
-        predicted.resize(size_t(n * n_active));
+    if (look_ahead) {
         MS_ASSERT(next->exp_probs_b.size == n_experts);
-        for (int64_t r = 0; r < n; ++r) {
-            float* s = ahead.data() + r * n_experts;
-            for (int i = 0; i < n_experts; ++i) s[i] += next->exp_probs_b.data[i];
-            top_k(s, n_experts, n_active, predicted.data() + r * n_active);
-        }
-        std::sort(predicted.begin(), predicted.end());
-        predicted.erase(std::unique(predicted.begin(), predicted.end()), predicted.end());
+        ws.predicted.resize(size_t(n_assign));
+        e.be.route(ws.ahead.data(), next->exp_probs_b.data, n, n_experts, int(k), 1.0, true, ws.predicted.data(),
+                   nullptr);
+        std::vector<int32_t>& predicted = sc.predicted;
+        predicted.resize(size_t(n_assign));
+        e.be.download(predicted.data(), ws.predicted.data(), predicted.size() * sizeof(int32_t));
+        distinct(predicted);
         e.experts.hint(layer + 1, predicted);
     }
 
@@ -289,36 +246,64 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     // them in decode) run inside output_sum, which adds every expert's output in a fixed order,
     // ascending expert id then the shared expert, whatever the grouping or the order the
     // experts became resident in; earlier groups' run as a step of their own first.
+    const int64_t inter = hp.moe_inter;
     std::vector<expert_work>& work = sc.work;
     work.resize(needed.size() + 1);
     for (auto& ex : work) {
         ex.rows.clear();
-        ex.w.clear();
+        ex.assign.clear();
         ex.ew = {};
         ex.down_in_output = false;
     }
-    for (size_t k = 0; k < needed.size(); ++k) {
-        auto& ex = work[k];
+    sc.x_rows.clear();
+    sc.w_index.clear();
+    int64_t next_first = 0;
+    for (size_t j = 0; j < needed.size(); ++j) {
+        auto& ex = work[j];
         for (int64_t r = 0; r < n; ++r)
-            for (int j = 0; j < n_active; ++j)
-                if (picks[size_t(r * n_active + j)] == needed[k]) {
+            for (int64_t i = 0; i < k; ++i)
+                if (picks[size_t(r * k + i)] == needed[j]) {
                     ex.rows.push_back(r);
-                    ex.w.push_back(weights[size_t(r * n_active + j)]);
+                    ex.assign.push_back(r * k + i);
                 }
+        ex.first = next_first;
+        next_first += int64_t(ex.rows.size());
+        sc.w_index.insert(sc.w_index.end(), ex.assign.begin(), ex.assign.end());
+        if (int64_t(ex.rows.size()) != n) sc.x_rows.insert(sc.x_rows.end(), ex.rows.begin(), ex.rows.end());
+    }
+    MS_ASSERT(next_first == n_assign);
+    // The rows' inputs (experts that take every row, in order, read the step's input) and their
+    // routing weights, each gathered in one step; a single row's weights are read in place.
+    ws.ex_x.resize(sc.x_rows.size() * size_t(dim));
+    if (!sc.x_rows.empty())
+        e.be.gather_rows(xe, dim, sc.x_rows.data(), int64_t(sc.x_rows.size()), dim, ws.ex_x.data());
+    if (n > 1) {
+        ws.ex_w.resize(size_t(n_assign));
+        e.be.gather_rows(ws.weights.data(), 1, sc.w_index.data(), n_assign, 1, ws.ex_w.data());
+    }
+    ws.ex_g.resize(size_t(n_assign * inter));
+    ws.ex_u.resize(size_t(n_assign * inter));
+    ws.ex_y.resize(size_t(n_assign * dim));
+    int64_t x_at = 0;
+    for (size_t j = 0; j < needed.size(); ++j) {
+        auto& ex = work[j];
         const int64_t m = int64_t(ex.rows.size());
-        if (m == n) {  // every row, in order (decode's single row): no copy
+        if (m == n) {
             ex.in = xe;
-            continue;
+        } else {
+            ex.in = ws.ex_x.data() + x_at * dim;
+            x_at += m;
         }
-        ex.x.resize(size_t(m * dim));
-        for (int64_t i = 0; i < m; ++i) std::copy_n(xe + ex.rows[size_t(i)] * dim, dim, ex.x.data() + i * dim);
-        ex.in = ex.x.data();
+        ex.w = n > 1 ? ws.ex_w.data() + ex.first : ws.weights.data() + ex.assign[0];
+        ex.g = ws.ex_g.data() + ex.first * inter;
+        ex.u = ws.ex_u.data() + ex.first * inter;
+        ex.y = ws.ex_y.data() + ex.first * dim;
     }
     auto& shared = work.back();
     shared.ew = shared_ew;
     for (int64_t r = 0; r < n; ++r) shared.rows.push_back(r);
-    std::swap(shared.g, shared_g);  // computed with the router (the swap keeps both buffers)
-    std::swap(shared.u, shared_u);
+    shared.g = ws.shared_g.data();  // computed with the router
+    shared.u = ws.shared_u.data();
     // Experts are computed as they become resident (expert-granular overlap with the reads of the
     // others), in groups of what is ready; the shared expert joins the first group.
     const int64_t cap = std::max<int64_t>(1, e.experts.max_held());
@@ -334,15 +319,13 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
             auto ready = e.experts.acquire_ready(layer, pending, cap);
             if (!ready) return ready.err();
             for (auto& [id, ew] : *ready) {
-                const size_t k = size_t(std::lower_bound(needed.begin(), needed.end(), id) - needed.begin());
-                MS_ASSERT(k < needed.size() && needed[k] == id);
-                auto& ex = work[k];
+                const size_t j = size_t(std::lower_bound(needed.begin(), needed.end(), id) - needed.begin());
+                MS_ASSERT(j < needed.size() && needed[j] == id);
+                auto& ex = work[j];
                 ex.ew = ew;
-                const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
-                ex.g.resize(size_t(m * in));
-                ex.u.resize(size_t(m * in));
-                push_gate_up(jobs, ex.ew, ex.in, dim, m, ex.g.data(), ex.u.data(), limit, ex.w.data(), pair);
-                group.push_back(k);
+                MS_ASSERT_MSG(ew.gate.rows == inter && ew.up.rows == inter, "an expert's shape differs from moe_inter");
+                push_gate_up(jobs, ex.ew, ex.in, dim, int64_t(ex.rows.size()), ex.g, ex.u, limit, ex.w, pair);
+                group.push_back(j);
                 pending.erase(std::find(pending.begin(), pending.end(), id));
             }
             e.be.matmul_batch(jobs);
@@ -352,51 +335,57 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
             group.push_back(work.size() - 1);  // its gate/up ran with the router
             shared_done = true;
         }
-        for (size_t k : group) {
-            auto& ex = work[k];
+        for (size_t j : group) {
+            auto& ex = work[j];
             const int64_t m = int64_t(ex.rows.size()), in = ex.ew.gate.rows;
             if (!pair) {
-                e.be.swiglu(ex.g.data(), ex.u.data(), m, in, limit, k + 1 < work.size() ? ex.w.data() : nullptr);
-                act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g.data(), m * in);
+                e.be.swiglu(ex.g, ex.u, m, in, limit, j + 1 < work.size() ? ex.w : nullptr);
+                act_quant(e, act_quant_kind::fp8_e8m0_32, ex.g, m * in);
             }
             if (pending.empty() && group.size() <= kMaxDownsInOutput) {
                 ex.down_in_output = true;
                 continue;
             }
-            ex.y.resize(size_t(m * dim));
-            jobs.push_back({ex.ew.down, ex.g.data(), in, m, ex.y.data(), dim, true});
+            if (j + 1 == work.size()) {  // the shared expert's own outputs
+                ws.shared_y.resize(size_t(n * dim));
+                ex.y = ws.shared_y.data();
+            }
+            jobs.push_back({ex.ew.down, ex.g, in, m, ex.y, dim, true});
         }
         if (jobs.empty()) break;  // the last group: its downs run in output_sum
         e.be.matmul_batch(jobs);
-        for (size_t k : group)
-            if (k + 1 < work.size()) e.experts.release(layer, needed[k]);
+        for (size_t j : group)
+            if (j + 1 < work.size()) e.experts.release(layer, needed[j]);
     }
     std::vector<output_term>& terms = sc.terms;
     terms.clear();
     for (const auto& ex : work) {
         const int64_t m = int64_t(ex.rows.size());
-        output_term t{{}, nullptr, ex.y.data(), m == n ? nullptr : ex.rows.data(), m};
+        output_term t{{}, nullptr, ex.y, m == n ? nullptr : ex.rows.data(), m};
         if (ex.down_in_output) {
             t.w = ex.ew.down;
-            t.h = ex.g.data();
+            t.h = ex.g;
             t.y = nullptr;
         }
         terms.push_back(t);
     }
     out.resize(size_t(n * dim));
     e.be.output_sum(terms, n, dim, out.data(), upd ? &*upd : nullptr);
-    for (size_t k = 0; k + 1 < work.size(); ++k)
-        if (work[k].down_in_output) e.experts.release(layer, needed[k]);
+    for (size_t j = 0; j + 1 < work.size(); ++j)
+        if (work[j].down_in_output) e.experts.release(layer, needed[j]);
     return {};
-}
-
-void embedding_row(const weight_view& table, int32_t token, float* out) {
-    quant::dequantize_row(table.type, table.row(token), out, table.cols);
-    round_to_bf16(out, table.cols);
 }
 
 void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape) {
     if (!e.opts.observer) return;
+    int64_t count = 1;
+    for (int64_t d : shape) count *= d;
+    thread_local std::vector<float> host;
+    if (!e.be.host_memory()) {
+        host.resize(size_t(count));
+        e.be.download(host.data(), data, host.size() * sizeof(float));
+        data = host.data();
+    }
     e.opts.observer->tensor(name, layer, data, std::span<const int64_t>(shape.begin(), shape.size()));
 }
 

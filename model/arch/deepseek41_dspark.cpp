@@ -6,8 +6,6 @@
 
 #include "model/arch/deepseek41.h"
 #include "model/arch/deepseek41_internal.h"
-#include "model/bf16.h"
-#include "model/quant.h"
 
 namespace moestream::dsv41 {
 
@@ -15,10 +13,15 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
     if (!draft_) return make_error("no DSpark draft head is loaded");
     const hparams& hp = hp_;
     if (seq.size() == 0) return make_error("the draft needs at least one consumed position");
+    if (seq.be_ != &be_) return make_error("draft: a sequence made for another backend");
+    if (seq.draft_rings_.empty()) return make_error("draft: the sequence was made without DSpark state");
     if (next_token < 0 || next_token >= hp.vocab) return make_error("draft: token id out of range");
     const int B = hp.dspark_block_size;
     if (!forced.empty() && int(forced.size()) != B) return make_error("draft: forced ids must have block_size entries");
-    const detail::env env{hp, be_, experts_, opts_};
+    for (int32_t t : forced)
+        if (t < 0 || t >= hp.vocab) return make_error("draft: forced token id out of range");
+    detail::workspace& ws = *ws_;
+    const detail::env env{hp, be_, experts_, opts_, ws};
     const int hc = hp.hc_mult;
     const int64_t dim = hp.dim, hd = hp.head_dim, p = seq.size() - 1;
 
@@ -27,80 +30,100 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
         rows.pos.push_back(p + 1 + r);
         rows.seq_rows.push_back(B);
     }
-    std::vector<float> H(static_cast<size_t>(B * hc * dim));
-    for (int r = 0; r < B; ++r) {
-        float* h = H.data() + r * hc * dim;
-        detail::embedding_row(w_.token_embd, r == 0 ? next_token : hp.dspark_noise_token, h);
-        for (int k = 1; k < hc; ++k) std::copy_n(h, dim, h + k * dim);
+    ws.pos.resize(rows.pos.size());
+    be_.upload(ws.pos.data(), rows.pos.data(), ws.pos.bytes());
+    rows.pos_dev = ws.pos.data();
+    {
+        std::vector<int32_t> tokens(static_cast<size_t>(B), hp.dspark_noise_token);
+        tokens[0] = next_token;
+        ws.tokens.resize(tokens.size());
+        be_.upload(ws.tokens.data(), tokens.data(), ws.tokens.bytes());
+        std::vector<float> p_in(static_cast<size_t>(B * hc), 0.0f);
+        for (int r = 0; r < B; ++r) p_in[size_t(r * hc)] = 1.0f;
+        ws.p_in.resize(p_in.size());
+        be_.upload(ws.p_in.data(), p_in.data(), ws.p_in.bytes());
     }
-    std::vector<float> p_in(static_cast<size_t>(B * hc), 0.0f);
-    for (int r = 0; r < B; ++r) p_in[size_t(r * hc)] = 1.0f;
+    ws.H.resize(size_t(B * hc * dim));
+    float* H = ws.H.data();
+    be_.embed(w_.token_embd, ws.tokens.data(), B, hc, H);
 
-    std::vector<float> x(static_cast<size_t>(B * dim)), xq, qr, q, kv, a, f;
-    detail::hc_mix mixA, mixF;
+    ws.x.resize(size_t(B * dim));
+    float* x = ws.x.data();
+    ws.layer_kv.resize(size_t(B * hd));  // the rows' own keys: never stored
+    float* kv = ws.layer_kv.data();
     std::vector<attention_row> arows(static_cast<size_t>(B));
-    std::vector<const uint16_t*> keys;
-    std::vector<uint16_t> kv_bits;  // the rows' own keys, bf16
-    const float* freqs = freqs_plain_.data();  // stages are ratio 0: base rope_theta, no YaRN
+    const float* freqs = ws.freqs_plain.data();  // stages are ratio 0: base rope_theta, no YaRN
     for (int s = 0; s < hp.n_mtp; ++s) {
         const layer_weights& lw = draft_->stages[size_t(s)];
         const int layer = hp.n_layers + s;
-        mixA.compute(env, H, B, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale);
-        be_.hc_collapse(H.data(), B, hc, dim, p_in.data(), x.data());
-        be_.rms_norm(x.data(), B, dim, lw.attn_norm.data, float(hp.norm_eps), x.data(), true);
-        const float* x_fp8 = x.data();
+        detail::compute_mix(env, H, B, lw.hc_attn_fn, lw.hc_attn_base, lw.hc_attn_scale, ws.mixA);
+        be_.hc_collapse(H, B, hc, dim, ws.p_in.data(), x);
+        be_.rms_norm(x, B, dim, lw.attn_norm.data, float(hp.norm_eps), x, true);
+        const float* x_fp8 = x;
         if (opts_.act_quant) {
-            xq.assign(x.begin(), x.end());
-            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, xq.data(), int64_t(xq.size()));
-            x_fp8 = xq.data();
+            ws.xq.resize(size_t(B * dim));
+            be_.copy(ws.xq.data(), x, ws.xq.bytes());
+            detail::act_quant(env, act_quant_kind::fp8_e8m0_32, ws.xq.data(), int64_t(ws.xq.size()));
+            x_fp8 = ws.xq.data();
         }
-        detail::query_and_kv(env, lw, x_fp8, rows, freqs, qr, q, kv, nullptr);  // the rows' own keys: never stored
+        detail::query_and_kv(env, lw, x_fp8, rows, freqs, ws.qr, ws.q, kv, nullptr);
         // Keys: target features of positions max(0, p-W+1)..p, then the 5 rows; no causal mask.
-        keys.clear();
-        const auto& ring = seq.draft_rings_[size_t(s)];
-        for (int64_t pp = std::max<int64_t>(0, p - hp.window + 1); pp <= p; ++pp)
-            keys.push_back(ring.data() + (pp % seq.ring_capacity_) * hd);
-        kv_bits.resize(kv.size());
-        detail::store_keys(kv.data(), int64_t(kv.size()) / hd, hd, kv_bits.data());
-        for (int r = 0; r < B; ++r) keys.push_back(kv_bits.data() + r * hd);
+        ws.kv_bits.resize(size_t(B * hd));
+        const key_store store{kv, ws.kv_bits.data(), B};
+        be_.store_keys({&store, 1}, hd);
+        const int64_t lo = std::max<int64_t>(0, p - hp.window + 1);
         for (auto& ar : arows) {
-            ar.keys = keys.data();
-            ar.n_keys = int64_t(keys.size());
+            ar = {};
+            ar.ring = seq.draft_rings_[size_t(s)];
+            ar.ring_capacity = seq.ring_capacity_;
+            ar.ring_first = lo;
+            ar.ring_count = p - lo + 1;
+            ar.fresh = ws.kv_bits.data();
+            ar.fresh_count = B;
         }
-        detail::attend_and_project(env, lw, q, arows, rows, freqs, a);
-        be_.hc_expand(a.data(), H.data(), B, hc, dim, mixA.post.data(), mixA.comb.data(), H.data());
-        mixF.compute(env, H, B, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale);
-        be_.hc_collapse(H.data(), B, hc, dim, mixA.pre.data(), x.data());
-        be_.rms_norm(x.data(), B, dim, lw.ffn_norm.data, float(hp.norm_eps), x.data(), true);
-        if (auto st = detail::moe(env, lw, layer, hp.dspark_n_experts, hp.dspark_n_active, x.data(), rows, f); !st)
+        detail::attend_and_project(env, lw, ws.q, arows, rows, freqs, ws.a);
+        be_.hc_expand(ws.a.data(), H, B, hc, dim, ws.mixA.post.data(), ws.mixA.comb.data(), H);
+        detail::compute_mix(env, H, B, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF);
+        be_.hc_collapse(H, B, hc, dim, ws.mixA.pre.data(), x);
+        be_.rms_norm(x, B, dim, lw.ffn_norm.data, float(hp.norm_eps), x, true);
+        if (auto st = detail::moe(env, lw, layer, hp.dspark_n_experts, hp.dspark_n_active, x, rows, ws.f); !st)
             return st;
-        be_.hc_expand(f.data(), H.data(), B, hc, dim, mixF.post.data(), mixF.comb.data(), H.data());
-        p_in = mixF.pre;
+        be_.hc_expand(ws.f.data(), H, B, hc, dim, ws.mixF.post.data(), ws.mixF.comb.data(), H);
+        be_.copy(ws.p_in.data(), ws.mixF.pre.data(), ws.p_in.bytes());
     }
-    std::vector<float> h(static_cast<size_t>(B * dim)), hn(static_cast<size_t>(B * dim));
-    be_.hc_collapse(H.data(), B, hc, dim, p_in.data(), h.data());
-    be_.rms_norm(h.data(), B, dim, draft_->output_norm.data, float(hp.norm_eps), hn.data(), true);
-    out.logits.resize(size_t(B * hp.vocab));
-    be_.matmul(w_.output, hn.data(), dim, B, out.logits.data(), hp.vocab, false);
+    ws.h.resize(size_t(B * dim));
+    ws.hn.resize(size_t(B * dim));
+    be_.hc_collapse(H, B, hc, dim, ws.p_in.data(), ws.h.data());
+    be_.rms_norm(ws.h.data(), B, dim, draft_->output_norm.data, float(hp.norm_eps), ws.hn.data(), true);
+    ws.logits.resize(size_t(B * hp.vocab));
+    be_.matmul(w_.output, ws.hn.data(), dim, B, ws.logits.data(), hp.vocab, false);
 
-    // Markov chain: row i's bias comes from its input token (the previous choice).
+    // Markov chain: row i's bias comes from its input token (the previous choice), which is the
+    // row's argmax unless forced; the chain runs in the backend and only its results come back.
     const int64_t rank = hp.dspark_markov_rank;
-    std::vector<float> e(static_cast<size_t>(rank)), bias(static_cast<size_t>(hp.vocab)), cat(static_cast<size_t>(dim + rank));
-    out.tokens.assign(size_t(B), 0);
-    out.confidence.assign(size_t(B), 0.0f);
-    int32_t prev = next_token;
+    ws.draft_tokens.resize(size_t(B + 1));  // [0]: next_token, [i + 1]: draft i
+    be_.upload(ws.draft_tokens.data(), &next_token, sizeof(int32_t));
+    if (!forced.empty()) be_.upload(ws.draft_tokens.data() + 1, forced.data(), forced.size_bytes());
+    ws.markov_e.resize(size_t(rank));
+    ws.markov_bias.resize(size_t(hp.vocab));
+    ws.conf_in.resize(size_t(dim + rank));
+    ws.confidence.resize(size_t(B));
     for (int i = 0; i < B; ++i) {
-        detail::embedding_row(draft_->markov_embed, prev, e.data());
-        be_.matmul(draft_->markov_head, e.data(), rank, 1, bias.data(), hp.vocab, false);
-        float* li = out.logits.data() + int64_t(i) * hp.vocab;
-        for (int64_t v = 0; v < hp.vocab; ++v) li[v] += bias[size_t(v)];
-        std::copy_n(h.data() + i * dim, dim, cat.data());
-        std::copy_n(e.data(), rank, cat.data() + dim);
-        be_.matmul(draft_->conf_proj, cat.data(), dim + rank, 1, &out.confidence[size_t(i)], 1, false);
-        const int32_t best = int32_t(std::max_element(li, li + hp.vocab) - li);  // first maximum: lowest id
-        prev = forced.empty() ? best : forced[size_t(i)];
-        out.tokens[size_t(i)] = prev;
+        be_.embed(draft_->markov_embed, ws.draft_tokens.data() + i, 1, 1, ws.markov_e.data());
+        be_.matmul(draft_->markov_head, ws.markov_e.data(), rank, 1, ws.markov_bias.data(), hp.vocab, false);
+        float* li = ws.logits.data() + int64_t(i) * hp.vocab;
+        be_.add(li, ws.markov_bias.data(), hp.vocab);
+        be_.copy(ws.conf_in.data(), ws.h.data() + i * dim, size_t(dim) * sizeof(float));
+        be_.copy(ws.conf_in.data() + dim, ws.markov_e.data(), size_t(rank) * sizeof(float));
+        be_.matmul(draft_->conf_proj, ws.conf_in.data(), dim + rank, 1, ws.confidence.data() + i, 1, false);
+        if (forced.empty()) be_.argmax_rows(li, 1, hp.vocab, ws.draft_tokens.data() + i + 1);
     }
+    out.logits.resize(size_t(B * hp.vocab));
+    out.tokens.resize(size_t(B));
+    out.confidence.resize(size_t(B));
+    be_.download(out.logits.data(), ws.logits.data(), out.logits.size() * sizeof(float));
+    be_.download(out.tokens.data(), ws.draft_tokens.data() + 1, out.tokens.size() * sizeof(int32_t));
+    be_.download(out.confidence.data(), ws.confidence.data(), out.confidence.size() * sizeof(float));
     return {};
 }
 

@@ -8,82 +8,109 @@
 #include <vector>
 
 #include "model/arch/deepseek41.h"
-#include "model/attention_keys.h"
 #include "model/bf16.h"
 
 namespace moestream::dsv41::detail {
 
 inline constexpr float kInf = std::numeric_limits<float>::infinity();
 
+template <class T>
+using barray = backend_array<T>;
+
+// Every row's output after the 4-stream hyper-connection bookkeeping of one sub-layer.
+struct hc_mix {
+    explicit hc_mix(backend& be) : pre(be), post(be), comb(be), fn_h(be) {}
+    barray<float> pre, post, comb, fn_h;
+};
+
+// The buffers one forward (or draft) uses, in the backend's memory, kept from forward to forward
+// so that a decode step allocates nothing; each is fully written where it is used before it is
+// read. One forward runs at a time per model.
+struct workspace {
+    explicit workspace(backend& b) : be(b) {}
+    backend& be;
+    barray<float> freqs_plain{be}, freqs_yarn{be};  // the RoPE tables (model::rope_freqs)
+    // rows of the forward
+    barray<int32_t> tokens{be};
+    barray<int64_t> pos{be};
+    barray<float> H{be}, x{be}, xq{be}, qr{be}, q{be}, a{be}, f{be}, p_in{be}, taps{be};
+    barray<float> layer_kv{be};   // [n_layers][rows][head_dim] window keys, committed to the rings at the end
+    barray<uint16_t> kv_bits{be};  // the current layer's window keys, stored for attention
+    hc_mix mixA{be}, mixF{be};
+    // compressor and indexer
+    barray<float> qi{be}, wi{be}, ca{be}, cz{be}, lat{be}, ik{be}, sc{be};
+    barray<int64_t> at{be};
+    barray<int32_t> selection{be};  // [rows][index_topk]: the latest index source's picks
+    barray<uint8_t> cand_mask{be};  // [rows][mask_stride]: the candidate source's entry masks
+    // engram
+    barray<uint8_t> engram_bytes{be};
+    barray<float> ucat{be}, kv5{be};
+    // head, logits, DSpark commit
+    barray<float> h{be}, hn{be}, xin{be}, logits{be}, mx{be}, tq{be}, stage_kv{be};
+    // attend_and_project
+    barray<float> o{be}, u{be};
+    // moe
+    barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
+    barray<int32_t> picks{be}, predicted{be};
+    barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};
+    // draft
+    barray<int32_t> draft_tokens{be};
+    barray<float> markov_e{be}, markov_bias{be}, conf_in{be}, confidence{be};
+};
+
 struct env {
     const hparams& hp;
     backend& be;
     expert_source& experts;
     const model_options& opts;
+    workspace& ws;
 };
 
-// Rows of one forward: position of each row (several sequences concatenated).
+// Rows of one forward: position of each row (several sequences concatenated), on the host and
+// in the backend (`pos_dev`, for RoPE).
 struct rows_info {
     std::vector<int64_t> pos;
     std::vector<int64_t> seq_rows;  // rows its sequence has in this forward (pick sites)
+    const int64_t* pos_dev = nullptr;
     int64_t n() const { return int64_t(pos.size()); }
 };
 
-// Every row's output after the 4-stream hyper-connection bookkeeping of one sub-layer.
-struct hc_mix {
-    std::vector<float> pre, post, comb, fn_h;
-    // The fn · H matmul, for the caller to batch with other work; compute(..., true) then uses it.
-    matmul_job job(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn);
-    void compute(const env& e, const std::vector<float>& H, int64_t n, const weight_view& fn, const vector_view& base,
-                 const vector_view& scale, bool fn_h_ready = false);
-};
+// The fn · H matmul of a sub-layer's mix, for the caller to batch with other work.
+matmul_job mix_job(const env& e, const float* H, int64_t n, const weight_view& fn, hc_mix& mix);
+// The mixes from H (fn_h_ready: mix_job's product was computed).
+void compute_mix(const env& e, const float* H, int64_t n, const weight_view& fn, const vector_view& base,
+                 const vector_view& scale, hc_mix& mix, bool fn_h_ready = false);
 
 // q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer) and the window kv
 // rows RoPE(RMSNorm(W_kv · x)) from the same input, their matmuls batched: q_a with kv, then q_b with the
 // indexer's q_b when the layer has one (qi: unrotated, [n, index heads * index_head_dim]).
-// `extra` matmuls (independent of these) join the first parallel step.
+// `extra` matmuls (independent of these) join the first parallel step. kv: n * head_dim floats.
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-                  std::vector<float>& qr, std::vector<float>& q, std::vector<float>& kv, std::vector<float>* qi,
+                  barray<float>& qr, barray<float>& q, float* kv, barray<float>* qi,
                   std::span<const matmul_job> extra = {});
-// Window kv rows: RoPE(RMSNorm(W_kv · x)).
+// Window kv rows: RoPE(RMSNorm(W_kv · x)) into kv (n * head_dim floats).
 void window_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
-               std::vector<float>& kv);
+               float* kv);
 // Attention over per-row key lists, de-rotation and the grouped output projection -> out [n, dim];
 // `upd` (may be null): the residual update, applied in the output projection's pass.
-void attend_and_project(const env& e, const layer_weights& lw, const std::vector<float>& q,
+void attend_and_project(const env& e, const layer_weights& lw, const barray<float>& q,
                         std::vector<attention_row>& arows, const rows_info& rows, const float* freqs,
-                        std::vector<float>& out, const hc_update* upd = nullptr);
+                        barray<float>& out, const hc_update* upd = nullptr);
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
 // `extra` matmuls (independent of the MoE) join the router's parallel step.
 // `next`: the following layer, whose router predicts its experts when opts.lookahead is on.
 // `update` (may be empty): called after the router's step (so `extra` may compute what it needs);
 // the residual update it returns is applied in the pass that forms `out`.
 status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, std::vector<float>& out, std::span<const matmul_job> extra = {},
+           const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra = {},
            const layer_weights* next = nullptr, const std::function<hc_update()>& update = {});
-
-// n_keys attention keys of head_dim values into their storage (model/attention_keys.h): every
-// key the model makes is already rounded to bf16 (norm, RoPE and quantisation outputs are), so
-// the values are kept; one that is not would be a bug upstream.
-inline void store_keys(const float* x, int64_t n_keys, int64_t head_dim, uint16_t* out) {
-    const bool exact = store_attention_keys(x, n_keys, head_dim, out);
-    MS_ASSERT_MSG(exact, "attention keys must be bf16 values");
-}
-
-// Indices of the k largest of v[0..n), ties to the lower index: the one selection rule of the
-// router, the indexer and the candidate blocks (the reference's torch.topk leaves the order
-// among equal values unspecified, §3.4.8).
-void top_k(const float* v, int64_t n, int64_t k, int32_t* out);
-
-// Row `token` of an embedding-like table as floats.
-void embedding_row(const weight_view& table, int32_t token, float* out);
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
 inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {
     if (e.opts.act_quant) e.be.simulate_quant(kind, x, count);
 }
 
-// Observer helper: no-op without an observer.
+// Observer helper: no-op without an observer; reads the tensor back from the backend.
 void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape);
 
 }  // namespace moestream::dsv41::detail

@@ -528,7 +528,7 @@ BOOST_AUTO_TEST_CASE(converted_model_tokenizes_loads_and_runs, *needs_inputs()) 
     cpu_backend backend(2);
     resident_experts experts(lm);
     dsv41::model mdl(hp, lm.weights, &*lm.draft, experts, backend);
-    dsv41::sequence_state seq(hp, 64, 8, true);
+    dsv41::sequence_state seq(backend, hp, 64, 8, true);
     auto finite = [](const std::vector<float>& v) {
         return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
     };

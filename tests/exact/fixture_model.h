@@ -24,7 +24,7 @@ struct fixture_model {
 
     const dsv41::hparams& hp() const { return files->hp; }
     std::unique_ptr<dsv41::sequence_state> sequence(int64_t tokens = 128) const {
-        return std::make_unique<dsv41::sequence_state>(files->hp, tokens, 16, model->has_draft());
+        return model->new_sequence(tokens, 16);
     }
 };
 

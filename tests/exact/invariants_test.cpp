@@ -130,7 +130,7 @@ BOOST_AUTO_TEST_CASE(zero_engram_tables_equal_engram_disabled, *needs()) {
     dsv41::model with_zero(m.hp(), zeroed, nullptr, *m.experts, *m.backend);
     dsv41::model disabled(no_engram, m.files->weights, nullptr, *m.experts, *m.backend);
     auto run = [&](dsv41::model& mdl, const dsv41::hparams& hp) {
-        dsv41::sequence_state seq(hp, 64, 8, false);
+        dsv41::sequence_state seq(*m.backend, hp, 64, 8, false);
         std::vector<float> out;
         dsv41::forward_item item{&seq, tokens, true};
         BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, out).ok());

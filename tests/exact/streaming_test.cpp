@@ -25,7 +25,7 @@ std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend&
     o.engram = engram;
     o.lookahead = true;  // look-ahead reads change I/O, never bits
     mdl.set_options(o);
-    auto seq = m.sequence();
+    auto seq = mdl.new_sequence(128, 16);
     const auto tokens = prompt40();
     std::vector<float> all, part;
     dsv41::forward_item item{seq.get(), tokens, true};

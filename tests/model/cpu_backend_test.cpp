@@ -207,10 +207,18 @@ void ref_hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t di
     }
 }
 
+// One query row with its keys as a pointer list (the references' form).
+struct ref_row {
+    const float* q;
+    const uint16_t* const* keys;
+    int64_t n_keys;
+    float* out;
+};
+
 // Per (row, head): scores, max with the sink, exp, denominator, then Σ p_i k_i in key order.
-void ref_attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale,
+void ref_attention(std::span<const ref_row> rows, int n_heads, int64_t head_dim, float scale,
                    const float* sinks, bool bf16_probs) {
-    for (const attention_row& row : rows)
+    for (const ref_row& row : rows)
         for (int h = 0; h < n_heads; ++h) {
             const float* q = row.q + h * head_dim;
             float* o = row.out + h * head_dim;
@@ -700,12 +708,13 @@ struct attention_case {
     std::vector<float> pool, q, sinks;
     std::vector<uint16_t> pool_bits;  // the pool as attention_row holds keys (bf16)
     std::vector<std::vector<const uint16_t*>> key_lists;
+    std::vector<std::vector<int32_t>> key_ids;  // the same keys as entries of the pool (attention_row::selection)
     int64_t q_dim() const { return n_heads * head_dim; }
 };
 
 attention_case make_attention_case(int n_heads, int64_t head_dim, std::vector<int64_t> n_keys,
                                    uint32_t seed) {
-    attention_case c{n_heads, head_dim, std::move(n_keys), {}, {}, {}, {}, {}};
+    attention_case c{n_heads, head_dim, std::move(n_keys), {}, {}, {}, {}, {}, {}};
     const int64_t pool_keys = std::max<int64_t>(1, *std::max_element(c.n_keys.begin(), c.n_keys.end()) + 7);
     c.pool = bf16_floats(size_t(pool_keys * head_dim), seed);
     c.pool_bits.resize(c.pool.size());
@@ -715,9 +724,13 @@ attention_case make_attention_case(int n_heads, int64_t head_dim, std::vector<in
     std::mt19937 rng(seed + 3);
     for (int64_t nk : c.n_keys) {
         std::vector<const uint16_t*> keys;
-        for (int64_t i = 0; i < nk; ++i)
-            keys.push_back(c.pool_bits.data() + int64_t(rng() % uint64_t(pool_keys)) * head_dim);
+        std::vector<int32_t> ids;
+        for (int64_t i = 0; i < nk; ++i) {
+            ids.push_back(int32_t(rng() % uint64_t(pool_keys)));
+            keys.push_back(c.pool_bits.data() + int64_t(ids.back()) * head_dim);
+        }
         c.key_lists.push_back(std::move(keys));
+        c.key_ids.push_back(std::move(ids));
     }
     return c;
 }
@@ -726,15 +739,27 @@ attention_case make_attention_case(int n_heads, int64_t head_dim, std::vector<in
 std::vector<float> run_attention(const attention_case& c, size_t first, size_t count, bool bf16_probs,
                                  cpu_backend* be) {
     std::vector<float> out(count * size_t(c.q_dim()), -7.0f);
-    std::vector<attention_row> rows;
-    for (size_t r = first; r < first + count; ++r)
-        rows.push_back({c.q.data() + int64_t(r) * c.q_dim(), c.key_lists[r].data(), c.n_keys[r],
-                        out.data() + int64_t(r - first) * c.q_dim()});
     const float scale = 1.0f / std::sqrt(float(c.head_dim));
-    if (be)
+    if (be) {
+        // Every key as a compressed entry of the pool, in the list's order.
+        std::vector<attention_row> rows;
+        for (size_t r = first; r < first + count; ++r) {
+            attention_row a;
+            a.q = c.q.data() + int64_t(r) * c.q_dim();
+            a.out = out.data() + int64_t(r - first) * c.q_dim();
+            a.latents = c.pool_bits.data();
+            a.selection = c.key_ids[r].data();
+            a.selection_len = c.n_keys[r];
+            rows.push_back(a);
+        }
         be->attention(rows, c.n_heads, c.head_dim, scale, c.sinks.data(), bf16_probs);
-    else
+    } else {
+        std::vector<ref_row> rows;
+        for (size_t r = first; r < first + count; ++r)
+            rows.push_back({c.q.data() + int64_t(r) * c.q_dim(), c.key_lists[r].data(), c.n_keys[r],
+                            out.data() + int64_t(r - first) * c.q_dim()});
         ref_attention(rows, c.n_heads, c.head_dim, scale, c.sinks.data(), bf16_probs);
+    }
     return out;
 }
 

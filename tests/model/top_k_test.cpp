@@ -1,4 +1,4 @@
-// Tests for the model's one selection rule (dsv41::detail::top_k): the k largest, ordered by
+// Tests for the model's one selection rule (model/top_k.h): the k largest, ordered by
 // score then lower index, identical on its small-k insertion path and its sort path.
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "model/arch/deepseek41_internal.h"
+#include "model/top_k.h"
 #include "tests/common/test_support.h"
 
 using namespace moestream;
@@ -38,7 +38,7 @@ BOOST_AUTO_TEST_CASE(largest_first_ties_to_the_lower_index) {
         for (auto& x : v) x = trial % 3 == 0 ? float(rng() % 1000) / 7.0f : values[rng() % 7];
         for (int64_t k = 0; k <= std::min<int64_t>(n, 40); ++k) {
             std::vector<int32_t> got(size_t(k) + 1, -7);
-            dsv41::detail::top_k(v.data(), n, k, got.data());
+            top_k(v.data(), n, k, got.data());
             BOOST_REQUIRE_EQUAL(got[size_t(k)], -7);  // nothing written past k
             got.resize(size_t(k));
             const auto want = expected_top(v, k);
