@@ -8,6 +8,7 @@
 #include "config/assert.h"
 #include "model/attention_keys.h"
 #include "model/bf16.h"
+#include "model/numeric.h"
 
 namespace moestream::elementwise {
 namespace {
@@ -111,45 +112,7 @@ T reduce_lanes(T (&lane)[kSumLanes]) {
     return lane[0];
 }
 
-// exp(x) for a double x in [-128, 128] (a float widened: exact). x = k ln2 + r with k =
-// round(x / ln2) (the 1.5·2^52 shift rounds to nearest and leaves k in the low mantissa bits),
-// |r| <= ln2/2, ln2 split so k·ln2_hi is exact; exp(r) by the Taylor series to r^11 (truncation
-// error < 7e-15 relative), times 2^k built from the bits. NaN propagates through the arithmetic.
-// Always inlined so the loops around it vectorise.
-[[gnu::always_inline]] inline double exp_in_double(double x) {
-    constexpr double log2e = 0x1.71547652b82fep0, shift = 0x1.8p52;
-    constexpr double ln2_hi = 0x1.62e42fee00000p-1, ln2_lo = 0x1.a39ef35793c76p-33;
-    const double shifted = x * log2e + shift;
-    const double k = shifted - shift;
-    const int64_t ki = std::bit_cast<int64_t>(shifted) - std::bit_cast<int64_t>(shift);
-    const double two_k = std::bit_cast<double>(uint64_t(ki + 1023) << 52);
-    const double r = (x - k * ln2_hi) - k * ln2_lo;
-    double p = 1.0 / 39916800;
-    p = p * r + 1.0 / 3628800;
-    p = p * r + 1.0 / 362880;
-    p = p * r + 1.0 / 40320;
-    p = p * r + 1.0 / 5040;
-    p = p * r + 1.0 / 720;
-    p = p * r + 1.0 / 120;
-    p = p * r + 1.0 / 24;
-    p = p * r + 1.0 / 6;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    return p * two_k;
-}
-
-// exp for any float: magnitudes above 128 (inf included) are clamped to ±128, whose exp is
-// already inf / 0 in fp32. The clamp works on the bits (integer selects) because a float
-// compare-and-select here makes GCC branch on the constant instead of vectorising; NaN (bits
-// above inf) is left alone and comes out NaN.
-[[gnu::always_inline]] inline float exp_float(float x) {
-    const uint32_t u = std::bit_cast<uint32_t>(x);
-    const uint32_t mag = u & 0x7fffffffu;
-    constexpr uint32_t k128 = 0x43000000u, kInf = 0x7f800000u;
-    const uint32_t clamped = (mag > k128 && mag <= kInf) ? ((u & 0x80000000u) | k128) : u;
-    return float(exp_in_double(double(std::bit_cast<float>(clamped))));
-}
+using numeric::exp_float;  // shared with the CUDA kernels (model/numeric.h)
 
 }  // namespace
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "config/assert.h"
+#include "model/numeric.h"
 #include "model/quant_internal.h"
 
 namespace moestream::quant {
@@ -21,47 +22,11 @@ using detail::block_mxfp4;
 using detail::block_q8_0;
 using detail::kBlock;
 
-// ---------------------------------------------------------------- minifloat encoding
-
-// Layout of a small binary float format without inf: `mbits` mantissa bits, exponent `bias`,
-// largest finite magnitude code `max_code` (codes are sign-less here).
-struct minifloat {
-    int mbits;
-    int bias;
-    uint32_t max_code;
-};
-
-// Round-to-nearest-even of the positive finite fp32 `a` into `fmt`, returning the magnitude code
-// before any overflow handling (may exceed max_code; the caller saturates or makes inf). Works on
-// the integer significand so the result does not depend on the FPU rounding mode or FTZ.
-uint32_t encode_minifloat(float a, const minifloat& fmt) {
-    MS_ASSERT(a >= 0.0f && std::isfinite(a));
-    MS_ASSERT(fmt.mbits >= 1 && fmt.mbits <= 10);
-    const uint32_t bits = std::bit_cast<uint32_t>(a);
-    const int field = int(bits >> 23);
-    if (bits == 0) return 0;
-    const int e_unb = (field == 0 ? 1 : field) - 127;           // exponent of the fp32 quantum + 23
-    const uint32_t sig = (bits & 0x7fffffu) | (field ? 0x800000u : 0u);  // a = sig * 2^(e_unb-23)
-    const int emin = 1 - fmt.bias;                                // smallest normal exponent
-    // Above the format's range by more than a binade: report "overflow" without shifting by
-    // negative amounts (the target exponent field would not fit anyway).
-    if (e_unb > emin + 40) return fmt.max_code + 1;
-    const int e_tgt = std::max(e_unb, emin);                      // subnormals share emin's quantum
-    const int shift = (e_tgt - fmt.mbits) - (e_unb - 23);         // >= 13 for every format here
-    uint32_t q = 0;
-    if (shift < 32) {
-        q = sig >> shift;
-        const uint32_t rem = sig & ((1u << shift) - 1u);
-        const uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1u))) ++q;         // carry may bump the exponent
-    }
-    // Normal: field (e_tgt + bias) holds q - 2^mbits; subnormal: field 0 holds q. Both are this.
-    return (uint32_t(e_tgt + fmt.bias - 1) << fmt.mbits) + q;
-}
-
-constexpr minifloat kF16{10, 15, 0x7bff};
-constexpr minifloat kE4m3{3, 7, 0x7e};  // 0x7f is NaN, so 0x7e (448) is the largest
-constexpr minifloat kE2m1{1, 1, 0x7};
+// The minifloat encoder and the formats are model/numeric.h's (shared with the CUDA kernels).
+using numeric::encode_minifloat;
+using numeric::kE2m1;
+using numeric::kE4m3;
+using numeric::kF16;
 
 // ---------------------------------------------------------------- lookup tables
 
@@ -344,41 +309,24 @@ uint16_t f32_to_bf16(float f) {
 }
 
 float e4m3_to_f32(uint8_t v) {
-    const bool neg = v & 0x80u;
-    const int exp = (v >> 3) & 0xf;
-    const int man = v & 0x7;
-    if (exp == 0xf && man == 0x7) return std::numeric_limits<float>::quiet_NaN();
-    const float mag = exp == 0 ? std::ldexp(float(man), -9)               // subnormal: m * 2^-9
-                               : std::ldexp(float(8 + man), exp - 7 - 3);  // (1 + m/8) 2^(e-7)
-    return neg ? -mag : mag;
+    return numeric::e4m3_value(v);
 }
 
 uint8_t f32_to_e4m3(float f) {
-    const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
-    if (std::isnan(f)) return uint8_t(sign | 0x7f);
-    if (std::isinf(f)) return uint8_t(sign | kE4m3.max_code);  // saturating: no inf in e4m3
-    const uint32_t code = encode_minifloat(std::fabs(f), kE4m3);
-    return uint8_t(sign | std::min(code, kE4m3.max_code));
+    return numeric::e4m3_code(f);
 }
 
 float e8m0_to_f32(uint8_t e) {
-    if (e == 0xff) return std::numeric_limits<float>::quiet_NaN();
-    // 2^(e-127): e = 0 is the fp32 subnormal 2^-127, still exact.
-    return e == 0 ? std::bit_cast<float>(0x00400000u) : std::bit_cast<float>(uint32_t(e) << 23);
+    return numeric::e8m0_value(e);
 }
 
 float e2m1_to_f32(uint8_t nibble) {
     MS_ASSERT(nibble < 16);
-    const float mag = float(detail::kE2m1Doubled[nibble & 7]) * 0.5f;
-    return nibble & 8 ? -mag : mag;
+    return numeric::e2m1_value(nibble);
 }
 
 uint8_t f32_to_e2m1(float f) {
-    if (std::isnan(f)) return 0;  // E2M1 has no NaN; a NaN input decodes as 0
-    const uint8_t sign = std::signbit(f) ? 0x8 : 0x0;
-    const float a = std::fabs(f);
-    if (a >= 6.0f) return uint8_t(sign | kE2m1.max_code);  // also catches inf
-    return uint8_t(sign | std::min(encode_minifloat(a, kE2m1), kE2m1.max_code));
+    return numeric::e2m1_code(f);
 }
 
 // ================================================================ GGUF rows

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "config/dtype.h"
+#include "model/numeric.h"
 
 namespace moestream::quant::detail {
 
@@ -30,13 +31,7 @@ inline constexpr int8_t kE2m1Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, 
 
 // 2^(e-128) exactly, as the matching scale for kE2m1Doubled; NaN for e = 0xff. e <= 1 yields
 // fp32 subnormals (2^-128, 2^-127), which are still exact.
-constexpr float e8m0_half_to_f32(uint8_t e) {
-    uint32_t bits = 0;
-    if (e == 0xff) bits = 0x7fc00000u;
-    else if (e >= 2) bits = uint32_t(e - 1) << 23;
-    else bits = 0x00200000u << e;  // 2^-128 = 0x00200000, 2^-127 = 0x00400000
-    return std::bit_cast<float>(bits);
-}
+constexpr float e8m0_half_to_f32(uint8_t e) { return numeric::e8m0_half_value(e); }
 
 // 2^(E-128) for every e8m0 byte, so the SIMD loops read the block scale with one broadcast load.
 // constexpr so it is valid even when a kernel runs during another file's static initialisation.
