@@ -233,6 +233,7 @@ maybe_error parse_tool(element e, const std::string& path, tool_definition& tool
         if (!p->is_object()) return wrong_type(fn->path("parameters"), "a JSON schema object", *p);
         tool.parameters_json = simdjson::minify(*p);
     }
+    MS_API_TRY(fn->opt_bool("strict", tool.strict));
     return std::nullopt;
 }
 

@@ -27,9 +27,11 @@
 //                   arguments a JSON string (an object is accepted and serialised).
 //                 tool_call_id (tool), name, reasoning_content / reasoning (assistant): accepted,
 //                   ignored.
-//               tools: [{type?: "function", function: {name, description?, parameters?}}] (at most
-//                 limits.max_tools; name [A-Za-z0-9_.-]{1,64}, unique; parameters an object,
-//                 kept as JSON text, "{}" when absent)
+//               tools: [{type?: "function", function: {name, description?, parameters?, strict?}}]
+//                 (at most limits.max_tools; name [A-Za-z0-9_.-]{1,64}, unique; parameters an
+//                 object, kept as JSON text, "{}" when absent; strict bool (false): the
+//                 arguments follow parameters whenever the tool is called, see
+//                 server/output_constraint.h)
 //               tool_choice: "auto" (default) | "none" | "required" |
 //                 {"type":"function","function":{"name":N}}; "required" and a named function need
 //                 tools, and the name must be one of them.
@@ -106,6 +108,12 @@ enum class api_route { chat_completions, completions, native_completion, infill 
 
 struct tool_definition {
     std::string name, description, parameters_json;  // parameters_json: raw JSON text, "{}" if absent
+    // The arguments must follow parameters_json exactly whenever the model calls it (OpenAI's
+    // function.strict; server/output_constraint.h): tool_choice auto then constrains calls too.
+    bool strict = false;
+    // Where parameters_json came from, for errors about the schema; empty: the chat route's
+    // "tools[i].function.parameters" (other routes: "tools[i].input_schema", ...).
+    std::string schema_param;
 };
 
 struct tool_choice {

@@ -850,6 +850,11 @@ BOOST_AUTO_TEST_CASE(tools_validation) {
     // Parameters keep their JSON text (escapes re-serialised correctly).
     r = parse_ok(chat_body(R"("tools":[{"function":{"name":"f","parameters":{"description":"say \"hi\"\n","enum":[1,2.5,null,true]}}}])"));
     BOOST_TEST(r.tools[0].parameters_json == R"({"description":"say \"hi\"\n","enum":[1,2.5,null,true]})");
+    // strict (OpenAI's structured tool calls): false unless said.
+    BOOST_TEST(!r.tools[0].strict);
+    BOOST_TEST(parse_ok(chat_body(R"("tools":[{"function":{"name":"f","strict":true}}])")).tools[0].strict);
+    BOOST_TEST(!parse_ok(chat_body(R"("tools":[{"function":{"name":"f","strict":null}}])")).tools[0].strict);
+    expect_chat_error(R"("tools":[{"function":{"name":"f","strict":"yes"}}])", "tools[0].function.strict", "expected a boolean");
 }
 
 BOOST_AUTO_TEST_CASE(tool_choice_validation) {
