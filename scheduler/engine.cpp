@@ -8,7 +8,9 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <future>
 #include <limits>
@@ -36,6 +38,33 @@ bool constrain_row(const token_constraint& c, std::span<const float> row, std::v
     }
     return any;
 }
+
+// The log-probability of `token` in `row` (log-softmax) and the `n` most likely tokens.
+prompt_score score_row(std::span<const float> row, int32_t token, int32_t n) {
+    double top = -std::numeric_limits<double>::infinity();
+    for (float x : row)
+        if (x > top) top = x;
+    double sum = 0;
+    for (float x : row)
+        if (std::isfinite(x)) sum += std::exp(double(x) - top);
+    const double log_sum = top + std::log(sum);
+    prompt_score s;
+    s.logprob = std::isfinite(row[size_t(token)]) ? double(row[size_t(token)]) - log_sum
+                                                  : -std::numeric_limits<double>::infinity();
+    if (n <= 0) return s;
+    // A small sorted list of the best so far: n is at most 20.
+    auto better = [](const token_logprob& a, const token_logprob& b) {
+        return a.logprob != b.logprob ? a.logprob > b.logprob : a.token < b.token;
+    };
+    for (size_t v = 0; v < row.size(); ++v) {
+        if (!std::isfinite(row[v])) continue;
+        const token_logprob c{int32_t(v), double(row[v]) - log_sum};
+        if (int32_t(s.top.size()) == n && !better(c, s.top.back())) continue;
+        s.top.insert(std::upper_bound(s.top.begin(), s.top.end(), c, better), c);
+        if (int32_t(s.top.size()) > n) s.top.pop_back();
+    }
+    return s;
+}
 }  // namespace
 
 struct engine::active {
@@ -47,6 +76,7 @@ struct engine::active {
     int64_t cached = 0;        // of those, reused from another state
     int32_t next = -1;         // sampled, not yet fed
     int64_t generated = 0;
+    std::vector<prompt_score> scores;  // score_prompt: what is scored so far, until sent
     sample_result scratch;
     // For a constrained request (allocated at submit): the allowed tokens and the masked row.
     std::vector<uint8_t> allowed;
@@ -103,6 +133,7 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     const int64_t most = req.max_tokens > 0 ? std::min(req.max_tokens, room) : room;
     a->gen = std::make_shared<generation>(channels_, size_t(most) + 2);
     a->sample = std::make_unique<sampler>(req.sampling, hp.vocab);
+    if (req.score_prompt) req.reuse_prefix = false;  // every prompt row is needed
     if (req.constraint) {
         a->allowed.resize(size_t(hp.vocab));
         a->constrained_row.resize(size_t(hp.vocab));
@@ -145,6 +176,9 @@ void engine::finish(active& a, std::string reason, bool keep_state) {
     e.done = true;
     e.finish_reason = std::move(reason);
     stamp(a, e);
+    e.prompt_scores = std::move(a.scores);
+    // A scored prompt went in smaller chunks than the others: its state is not offered for reuse.
+    keep_state = keep_state && !a.req.score_prompt;
     // The state is consistent whatever ended the sequence (see engine_prefix.h), so it may serve
     // a later prompt; a failed one is not kept (what failed may fail again). Kept and counted
     // before the final event goes out, so whoever sees the end sees the pool that follows it.
@@ -215,14 +249,22 @@ asio::awaitable<void> engine::step_loop() {
         for (auto& a : running_) {
             if (!a->scheduled) a->scheduled = step_start;
             if (a->prompt_done < int64_t(a->req.prompt.size())) {
-                const int64_t n = std::min<int64_t>(opts_.prefill_chunk, int64_t(a->req.prompt.size()) - a->prompt_done);
-                items.push_back({a->seq.get(), std::span<const int32_t>(a->req.prompt).subspan(size_t(a->prompt_done), size_t(n)), false});
+                const bool scored = a->req.score_prompt;
+                const int64_t chunk =
+                    scored ? std::min(opts_.prefill_chunk, generation_request::k_score_chunk) : opts_.prefill_chunk;
+                const int64_t n = std::min<int64_t>(chunk, int64_t(a->req.prompt.size()) - a->prompt_done);
+                const auto tokens = std::span<const int32_t>(a->req.prompt).subspan(size_t(a->prompt_done), size_t(n));
+                items.push_back({a->seq.get(), tokens, scored});
                 fed.push_back(n);
             } else {
                 items.push_back({a->seq.get(), std::span<const int32_t>(&a->next, 1), false});
                 fed.push_back(0);
             }
         }
+        // Where each item's logits start: one row each, or every row of a scored prompt chunk.
+        std::vector<size_t> first_row(items.size() + 1, 0);
+        for (size_t i = 0; i < items.size(); ++i)
+            first_row[i + 1] = first_row[i] + (items[i].all_logits ? items[i].tokens.size() : 1);
         std::vector<float> logits;
         const forward_waits waits_before = opts_.waits ? opts_.waits() : forward_waits{};
         const auto forward_start = steady::now();
@@ -235,14 +277,14 @@ asio::awaitable<void> engine::step_loop() {
         // the requests that hit the fault fail.
         std::vector<std::string> failed(running_.size());
         if (!st) {
-            logits.assign(running_.size() * size_t(hp.vocab), 0.0f);
+            logits.assign(first_row.back() * size_t(hp.vocab), 0.0f);
             for (size_t i = 0; i < running_.size(); ++i) {
                 std::vector<float> one;
                 const status st1 = co_await asio::co_spawn(
                     compute_, [&]() -> asio::awaitable<status> { co_return model_.forward({&items[i], 1}, one); },
                     asio::use_awaitable);
                 if (!st1) failed[i] = st1.message();
-                else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(i * size_t(hp.vocab)));
+                else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(first_row[i] * size_t(hp.vocab)));
             }
         }
         const auto forward_end = steady::now();
@@ -263,9 +305,10 @@ asio::awaitable<void> engine::step_loop() {
             for (const auto& a : running_) stats_.tokens_max = std::max(stats_.tokens_max, uint64_t(a->seq->size()));
         }
         std::vector<std::unique_ptr<active>> still_running;
-        for (size_t i = 0; i < running_.size(); ++i) {  // row i of the logits is running_[i]'s
+        for (size_t i = 0; i < running_.size(); ++i) {  // rows first_row[i].. of the logits are running_[i]'s
             active& a = *running_[i];
-            std::span<const float> row(logits.data() + i * size_t(hp.vocab), size_t(hp.vocab));
+            // The row that predicts the next token: the item's last.
+            std::span<const float> row(logits.data() + (first_row[i + 1] - 1) * size_t(hp.vocab), size_t(hp.vocab));
             bool done = false;
             std::string reason;
             if (!failed[i].empty()) {
@@ -273,6 +316,15 @@ asio::awaitable<void> engine::step_loop() {
                 std::lock_guard lock(stats_mu_);
                 ++stats_.requests_done;
                 continue;
+            }
+            if (fed[i] > 0 && a.req.score_prompt) {
+                // Row r follows the token at prompt_done + r: it scores the next prompt token.
+                for (int64_t r = 0; r < fed[i] && a.prompt_done + r + 1 < int64_t(a.req.prompt.size()); ++r) {
+                    std::span<const float> scored(logits.data() + (first_row[i] + size_t(r)) * size_t(hp.vocab),
+                                                  size_t(hp.vocab));
+                    const int32_t token = a.req.prompt[size_t(a.prompt_done + r + 1)];
+                    a.scores.push_back(score_row(scored, token, a.req.sampling.n_probs));
+                }
             }
             if (fed[i] > 0) {
                 a.prompt_done += fed[i];
@@ -282,7 +334,11 @@ asio::awaitable<void> engine::step_loop() {
                 a.sample->accept(a.next);
             }
             MS_ASSERT(a.seq->size() == a.prompt_done + a.generated);  // every emitted token was fed
-            if (a.prompt_done == int64_t(a.req.prompt.size())) {
+            if (a.prompt_done == int64_t(a.req.prompt.size()) && a.req.prompt_only) {
+                a.first_token = steady::now();
+                done = true;
+                reason = "length";
+            } else if (a.prompt_done == int64_t(a.req.prompt.size())) {
                 const bool first = !a.first_token;
                 if (first) a.first_token = steady::now();
                 token_constraint* constraint = a.req.constraint.get();
@@ -306,6 +362,7 @@ asio::awaitable<void> engine::step_loop() {
                     e.token = a.next;
                     e.logprob = a.scratch.logprob;
                     if (a.req.sampling.n_probs > 0) e.top = a.scratch.top;
+                    if (first) e.prompt_scores = std::move(a.scores);
                     stamp(a, e);
                     outbox_->send(a.gen, std::move(e));
                     {

@@ -47,6 +47,22 @@ struct generation_request {
     // reports done() the request ends with "stop"; when it allows no token at all, with
     // "error: the output constraint allows no token". Used on the engine's strand only.
     std::shared_ptr<token_constraint> constraint;
+    // Scores the prompt (OpenAI's echo with logprobs): every prompt token after the first gets
+    // its log-probability given the tokens before it (the log-softmax of the model's logits:
+    // no temperature, penalties or bias) and the top sampling.n_probs alternatives, delivered
+    // with the first event after the prompt. Such a prompt is processed in full, in chunks of
+    // k_score_chunk rows (every row's logits are kept for a step), and its state is not kept for
+    // reuse.
+    bool score_prompt = false;
+    // Processes the prompt and ends ("length") without generating (max_tokens 0).
+    bool prompt_only = false;
+    static constexpr int64_t k_score_chunk = 32;
+};
+
+// One scored prompt token (generation_request::score_prompt).
+struct prompt_score {
+    double logprob = 0;
+    std::vector<token_logprob> top;  // best first, lower id first on ties
 };
 
 // One message on a request's channel. The last one has done = true.
@@ -56,6 +72,8 @@ struct token_event {
     std::vector<token_logprob> top;  // the sampler's top n_probs alternatives; empty when n_probs == 0
     bool done = false;
     std::string finish_reason;  // "stop", "length", "cancelled", "context", or "error: ..."
+    // score_prompt: prompt tokens 1..n-1, on the first event after the prompt (or the final one).
+    std::vector<prompt_score> prompt_scores;
     // Counts so far, on every event: the prompt's tokens, how many of them came from a reused
     // state (not processed again), tokens emitted.
     int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;

@@ -167,7 +167,9 @@ api_result<std::unique_ptr<completion_job>> completion_job::start(const served_m
     // large max_tokens routinely: that is a cap, not an error).
     const int64_t room = m.n_ctx - n_prompt;
     g.max_tokens = req.max_tokens < 0 ? room : std::min(req.max_tokens, room);
-    if (g.max_tokens == 0) return context_exceeded(n_prompt, m.n_ctx);
+    // max_tokens 0 processes the prompt only (with echo and logprobs: scores it).
+    g.prompt_only = req.max_tokens == 0;
+    g.score_prompt = req.route == api_route::completions && req.echo && req.logprobs_enabled;
     if (!req.ignore_eos && m.eos_id >= 0) g.stop_tokens.push_back(m.eos_id);
     g.reuse_prefix = req.cache_prompt;
     if (auto st = g.sampling.validate(m.n_vocab); !st) return bad_request("", st.message());
@@ -214,8 +216,32 @@ void completion_job::finish_text(job_update& u) {
     for (auto* v : {&d.tool_calls, &f.tool_calls}) u.delta.tool_calls.insert(u.delta.tool_calls.end(), v->begin(), v->end());
 }
 
+// The prompt's tokens as echoed (without the BOS the server put in front of a text prompt),
+// with the log-probabilities the engine scored; the first has none (OpenAI's legacy shape).
+std::vector<emitted_token> completion_job::echoed_prompt(const std::vector<prompt_score>& scores) const {
+    std::vector<emitted_token> out;
+    const tokenizer* tok = model_.tok;
+    const size_t first = req_.prompt_text && tok && tok->data().add_bos ? 1 : 0;
+    for (size_t i = first; i < prompt_.size(); ++i) {
+        emitted_token t;
+        t.id = prompt_[i];
+        if (tok) t.bytes = tok->token_bytes(t.id);
+        t.scored = i > first && i - 1 < scores.size();
+        if (t.scored) {
+            t.logprob = scores[i - 1].logprob;
+            t.top = scores[i - 1].top;
+        }
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
 job_update completion_job::from_event(const token_event& e) {
     job_update u;
+    if (req_.route == api_route::completions && req_.echo && req_.logprobs_enabled && !prompt_echoed_) {
+        prompt_echoed_ = true;
+        u.prompt_tokens = echoed_prompt(e.prompt_scores);
+    }
     u.usage.prompt_tokens = e.prompt_tokens ? e.prompt_tokens : int64_t(prompt_.size());
     u.usage.cached_tokens = e.cached_tokens;
     u.usage.completion_tokens = e.completion_tokens;

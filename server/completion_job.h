@@ -31,6 +31,7 @@ struct emitted_token {
     double logprob = 0;
     std::string bytes;  // the token's raw bytes (may be part of a UTF-8 character)
     std::vector<token_logprob> top;
+    bool scored = true;  // false: no log-probability (the first token of an echoed prompt)
 };
 
 struct job_usage {
@@ -41,6 +42,7 @@ struct job_usage {
 struct job_update {
     output_delta delta;                  // text that became safe to send
     std::vector<emitted_token> tokens;   // tokens behind it (logprobs, native "tokens")
+    std::vector<emitted_token> prompt_tokens;  // the first update of echo + logprobs: the prompt's, scored
     bool done = false;
     // OpenAI finish_reason: stop, length, tool_calls; "error" (see error) or "cancelled".
     std::string finish_reason;
@@ -79,6 +81,7 @@ class completion_job {
   private:
     completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt, uint64_t serial);
     job_update from_event(const token_event& e);
+    std::vector<emitted_token> echoed_prompt(const std::vector<prompt_score>& scores) const;
     void finish_text(job_update& u);
 
     const served_model& model_;
@@ -93,6 +96,7 @@ class completion_job {
     bool done_ = false;
     std::atomic<bool> abandoned_{false};  // next() no longer waits on the engine
     bool stopped_by_word_ = false;
+    bool prompt_echoed_ = false;  // the scored prompt went out with an update
 };
 
 }  // namespace moestream::server

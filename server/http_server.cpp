@@ -246,7 +246,6 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
     }
     bool after_first_request = false;
     for (;;) {
-        if (shutting_down) co_return;
         http::request_parser<http::string_body> parser;
         parser.header_limit(uint32_t(std::min<size_t>(opts.header_bytes_max, UINT32_MAX)));
         parser.body_limit(opts.body_bytes_max);
@@ -310,6 +309,9 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
         }
         stream.expires_never();
         http::request<http::string_body> req = parser.release();
+        // During the shutdown drain requests are still answered (503 but for what runs), each
+        // on a connection that then closes.
+        if (shutting_down) req.keep_alive(false);
 
         // CORS: answered before authentication (browsers send no credentials on preflight).
         std::vector<std::pair<std::string, std::string>> extra;
@@ -448,13 +450,17 @@ void http_server::impl::close_connections() {
 
 asio::awaitable<void> http_server::impl::drain_and_stop() {
     asio::steady_timer t(co_await asio::this_coro::executor);
-    // Running generations may finish during the drain period; then the rest are cancelled and
-    // their streams end with an error event; idle connections are closed last.
+    // Running generations may finish during the drain period, while new connections are still
+    // accepted and answered 503 (/health too: what load balancers watch); then the listener
+    // closes, the rest are cancelled and their streams end with an error event; idle
+    // connections are closed last.
     const auto until = std::chrono::steady_clock::now() + opts.drain;
     while (api.live_jobs() > 0 && std::chrono::steady_clock::now() < until) {
         t.expires_after(std::chrono::milliseconds(50));
         co_await t.async_wait(use_nothrow);
     }
+    boost::system::error_code ignored;
+    acceptor.close(ignored);
     api.cancel_all();
     const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     while (api.live_jobs() > 0 && std::chrono::steady_clock::now() < grace) {
@@ -476,11 +482,7 @@ void http_server::shutdown() {
     if (impl_->shutting_down.exchange(true)) return;
     impl_->api.set_draining();
     if (impl_->threads.empty()) return;  // never listened
-    asio::post(impl_->ioc, [this] {
-        boost::system::error_code ignored;
-        impl_->acceptor.close(ignored);
-        asio::co_spawn(impl_->ioc, impl_->drain_and_stop(), asio::detached);
-    });
+    asio::post(impl_->ioc, [this] { asio::co_spawn(impl_->ioc, impl_->drain_and_stop(), asio::detached); });
 }
 
 void http_server::wait() {

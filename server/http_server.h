@@ -5,8 +5,9 @@
 //
 // Start-up order: listen() binds the port first, so /health answers 503 "Loading model" while
 // the model is opened; service::set_model() then opens the API. shutdown() (also on SIGTERM/SIGINT when
-// handle_signals is set) stops accepting, turns /health to 503, lets streams run for the drain
-// period, then cancels the rest; every stream ends with a final event.
+// handle_signals is set) turns /health and new requests to 503 (connections are still accepted
+// and answered, each closed after its answer), lets streams run for the drain period, then stops
+// accepting and cancels the rest; every stream ends with a final event.
 #pragma once
 
 #include <atomic>

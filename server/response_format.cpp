@@ -124,36 +124,57 @@ void write_chat_logprobs(json_writer& w, const completion_job& job, const std::v
     w.end_object();
 }
 
-// OpenAI legacy completions logprobs: parallel arrays.
-void write_text_logprobs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& tokens,
-                         int64_t& offset, const tokenizer* tok) {
+// OpenAI legacy completions logprobs: parallel arrays. With echo, the prompt's tokens come first
+// (the first with null log-probabilities, as OpenAI's), offsets counted from the echoed text's
+// start; the generated tokens' offsets then continue after the echoed text.
+void write_text_logprobs(json_writer& w, const completion_job& job, const std::vector<emitted_token>& prompt,
+                         const std::vector<emitted_token>& tokens, int64_t& offset, const tokenizer* tok) {
     w.key("logprobs");
     if (!job.request().logprobs_enabled) {
         w.null();
         return;
     }
+    const std::vector<const std::vector<emitted_token>*> parts = {&prompt, &tokens};
     w.begin_object();
     w.key("tokens");
     w.begin_array();
-    for (const auto& t : tokens) w.value(t.bytes);
+    for (const auto* part : parts)
+        for (const auto& t : *part) w.value(t.bytes);
     w.end_array();
     w.key("token_logprobs");
     w.begin_array();
-    for (const auto& t : tokens) w.value(t.logprob);
+    for (const auto* part : parts)
+        for (const auto& t : *part) {
+            if (t.scored) w.value(t.logprob);
+            else w.null();
+        }
     w.end_array();
     w.key("top_logprobs");
     w.begin_array();
-    for (const auto& t : tokens) {
-        w.begin_object();
-        for (const auto& c : t.top) {
-            w.key(token_text(job, c.token, tok));
-            w.value(c.logprob);
+    for (const auto* part : parts)
+        for (const auto& t : *part) {
+            if (!t.scored) {
+                w.null();
+                continue;
+            }
+            w.begin_object();
+            for (const auto& c : t.top) {
+                w.key(token_text(job, c.token, tok));
+                w.value(c.logprob);
+            }
+            w.end_object();
         }
-        w.end_object();
-    }
     w.end_array();
     w.key("text_offset");
     w.begin_array();
+    if (!prompt.empty()) {
+        int64_t at = 0;
+        for (const auto& t : prompt) {
+            w.value(at);
+            at += int64_t(t.bytes.size());
+        }
+        offset = int64_t(job.prompt_text().size());
+    }
     for (const auto& t : tokens) {
         w.value(offset);
         offset += int64_t(t.bytes.size());
@@ -248,6 +269,7 @@ void job_totals::add(const job_update& u) {
     content += u.delta.content;
     reasoning += u.delta.reasoning;
     tokens.insert(tokens.end(), u.tokens.begin(), u.tokens.end());
+    prompt_tokens.insert(prompt_tokens.end(), u.prompt_tokens.begin(), u.prompt_tokens.end());
     if (u.done) last = u;
 }
 
@@ -357,10 +379,13 @@ void text_stream::on_update(const job_update& u, std::vector<std::string>& event
     std::string text;
     if (!echo_sent_) {
         echo_sent_ = true;
-        if (job_.request().echo) text = job_.prompt_text();
+        if (job_.request().echo) {
+            text = job_.prompt_text();
+            text_offset_ = int64_t(text.size());  // the generated tokens come after the echo
+        }
     }
     text += u.delta.content;
-    if ((!text.empty() || !u.tokens.empty()) && u.finish_reason != "error") {
+    if ((!text.empty() || !u.tokens.empty() || !u.prompt_tokens.empty()) && u.finish_reason != "error") {
         std::string out;
         json_writer w(out);
         w.begin_object();
@@ -372,7 +397,7 @@ void text_stream::on_update(const job_update& u, std::vector<std::string>& event
         w.value(int64_t(0));
         w.key("text");
         w.value(text);
-        write_text_logprobs(w, job_, u.tokens, text_offset_, tok_of(job_));
+        write_text_logprobs(w, job_, u.prompt_tokens, u.tokens, text_offset_, tok_of(job_));
         w.key("finish_reason");
         w.null();
         w.end_object();
@@ -397,7 +422,7 @@ std::string text_completion_json(const response_meta& meta, const completion_job
     w.key("text");
     w.value(job.request().echo ? job.prompt_text() + t.content : t.content);
     int64_t offset = job.request().echo ? int64_t(job.prompt_text().size()) : 0;
-    write_text_logprobs(w, job, t.tokens, offset, tok_of(job));
+    write_text_logprobs(w, job, t.prompt_tokens, t.tokens, offset, tok_of(job));
     w.key("finish_reason");
     w.value(openai_finish_reason(t.last));
     w.end_object();

@@ -23,6 +23,7 @@ struct job_totals {
     std::string content, reasoning;
     std::vector<parsed_tool_call> tool_calls;
     std::vector<emitted_token> tokens;
+    std::vector<emitted_token> prompt_tokens;  // echo with logprobs: the scored prompt
     job_update last;  // the final update (finish reason, usage)
     void add(const job_update& u);
 };

@@ -86,6 +86,14 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
     const route_entry* hit = nullptr;
     for (const auto& r : routes)
         if (r.path == p) hit = &r;
+    for (std::string_view prefix : {std::string_view("/v1/models/"), std::string_view("/models/")}) {
+        if (hit || !p.starts_with(prefix) || p.size() == prefix.size()) continue;
+        if (!get) co_return co_await reply(method_not_allowed("GET"));
+        if (!ready_ || draining_)
+            co_return co_await reply(error_response(
+                make_api_error(503, "unavailable_error", draining_ ? "the server is shutting down" : "Loading model")));
+        co_return co_await reply(model(p.substr(prefix.size())));
+    }
     if (!hit)
         co_return co_await reply(
             error_response(make_api_error(404, "not_found_error", "no route " + std::string(p))));
@@ -112,6 +120,44 @@ http_response service::health() const {
     return json_response(R"({"status":"ok"})");
 }
 
+namespace {
+
+// "%2F" -> "/": a model id in a path (the SDKs send ids with '/' raw, others encode them).
+std::string percent_decoded(std::string_view s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        auto hex = [](char c) {
+            if (c >= '0' && c <= '9') return c - '0';
+            if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+            if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+            return -1;
+        };
+        if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+            out.push_back(char(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+            i += 2;
+        } else {
+            out.push_back(s[i]);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// GET /v1/models/{id} (the SDKs' models.retrieve): the served model's object, or OpenAI's 404.
+http_response service::model(std::string_view id_in_path) const {
+    const std::string id = percent_decoded(id_in_path);
+    if (id != model_.name)
+        return error_response(make_api_error(404, "invalid_request_error",
+                                             "The model " + json_escape(id) + " does not exist (this server serves " +
+                                                 json_escape(model_.name) + ")",
+                                             "model"));
+    std::string out;
+    json_writer w(out);
+    write_model(w);
+    return json_response(std::move(out));
+}
+
 http_response service::models() const {
     std::string out;
     json_writer w(out);
@@ -120,6 +166,13 @@ http_response service::models() const {
     w.value("list");
     w.key("data");
     w.begin_array();
+    write_model(w);
+    w.end_array();
+    w.end_object();
+    return json_response(std::move(out));
+}
+
+void service::write_model(json_writer& w) const {
     w.begin_object();
     w.key("id");
     w.value(model_.name);
@@ -145,9 +198,6 @@ http_response service::models() const {
     w.key("max_model_len");
     w.value(model_.n_ctx);
     w.end_object();
-    w.end_array();
-    w.end_object();
-    return json_response(std::move(out));
 }
 
 http_response service::props() const {

@@ -18,6 +18,7 @@
 #include "model/tokenizer.h"
 #include "scheduler/engine.h"
 #include "server/api_error.h"
+#include "server/json_writer.h"
 #include "server/metrics.h"
 
 namespace moestream::server {
@@ -113,6 +114,8 @@ class service {
     http_response tokenize(std::string_view body) const;
     http_response detokenize(std::string_view body) const;
     http_response models() const;
+    http_response model(std::string_view id_in_path) const;  // /v1/models/{id}
+    void write_model(json_writer& w) const;
     http_response props() const;
     http_response slots() const;
     http_response health() const;

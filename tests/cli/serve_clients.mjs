@@ -149,8 +149,10 @@ async function completions() {
   check(r.object === 'text_completion', 'completions: object', r.object);
   const c = r.choices?.[0];
   check(c?.text?.startsWith('Once upon a time'), 'completions: echo puts the prompt first', c?.text);
-  check(c?.logprobs?.tokens?.length === r.usage?.completion_tokens, 'completions: one logprob per token', { lp: c?.logprobs, usage: r.usage });
-  check(c?.logprobs?.top_logprobs?.every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2), 'completions: top_logprobs', c?.logprobs?.top_logprobs);
+  // With echo the prompt's tokens (but the BOS) come first, the first without a logprob.
+  check(c?.logprobs?.tokens?.length === r.usage?.prompt_tokens - 1 + r.usage?.completion_tokens, 'completions: one logprob per echoed and generated token', { lp: c?.logprobs, usage: r.usage });
+  check(c?.logprobs?.token_logprobs?.[0] === null && c?.logprobs?.top_logprobs?.[0] === null, 'completions: the first echoed token has no logprob', c?.logprobs);
+  check(c?.logprobs?.top_logprobs?.slice(1).every((t) => Object.keys(t).length >= 1 && Object.keys(t).length <= 2), 'completions: top_logprobs', c?.logprobs?.top_logprobs);
   check(r.usage?.completion_tokens === 8, 'completions: 8 tokens (greedy, no EOS expected this soon)', r.usage);
 
   const stream = await client.completions.create({ model: 'tiny', prompt: 'Once upon a time', max_tokens: 8, temperature: 0, stream: true, stream_options: { include_usage: true } });

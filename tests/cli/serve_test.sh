@@ -68,9 +68,10 @@ jcheck "$R" 'd.choices.length === 0 && d.usage.completion_tokens === 6' "the cha
 [[ $(post /v1/completions '{"prompt":"Once upon a time","max_tokens":5,"echo":true,"logprobs":3,"temperature":0}' "$R") == 200 ]] ||
   fail "completions: $(cat "$R")"
 jcheck "$R" 'd.object === "text_completion" && d.choices[0].text.startsWith("Once upon a time") &&
-  d.choices[0].logprobs.tokens.length === 5 && d.choices[0].logprobs.token_logprobs.every((x) => x <= 0) &&
-  d.choices[0].logprobs.top_logprobs.every((t) => Object.keys(t).length >= 1) && d.usage.completion_tokens === 5' \
-  "completions with echo and logprobs"
+  d.choices[0].logprobs.tokens.length === d.usage.prompt_tokens - 1 + 5 && d.choices[0].logprobs.token_logprobs[0] === null &&
+  d.choices[0].logprobs.token_logprobs.slice(1).every((x) => x <= 0) &&
+  d.choices[0].logprobs.top_logprobs.slice(1).every((t) => Object.keys(t).length >= 1) && d.usage.completion_tokens === 5' \
+  "completions with echo and logprobs (the echoed prompt scored, its first token null)"
 
 [[ $(post /completion '{"prompt":"Once upon a time","n_predict":4,"temperature":0}' "$R") == 200 ]] ||
   fail "/completion: $(cat "$R")"

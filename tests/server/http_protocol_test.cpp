@@ -282,6 +282,52 @@ BOOST_AUTO_TEST_CASE(shutdown_ends_streams) {
     BOOST_TEST(rest.bytes.find("0\r\n\r\n") != std::string::npos, "the chunked stream was not terminated");
 }
 
+// During the drain the server still accepts connections: /health and new requests answer 503
+// (what a load balancer watches), a kept-alive connection's next request too, closing it, and
+// the running stream goes on; once it ends the server stops.
+BOOST_AUTO_TEST_CASE(the_drain_answers_503) {
+    live_server_options o;
+    o.context_tokens = 4096;
+    o.http.drain = std::chrono::seconds(60);  // the stream's end (its client leaving) ends it
+    live_server srv(o);
+    http_client kept(srv.port());
+    BOOST_TEST_REQUIRE(kept.get("/health").status == 200);
+    auto stream = std::make_unique<raw_connection>(srv.port());
+    const std::string body = R"({"prompt":"Go","max_tokens":4000,"ignore_eos":true,"stream":true})";
+    stream->send("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 "Content-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n" + body);
+    BOOST_TEST_REQUIRE(status_of_raw(stream->read_until("\"text\"", 30s)) == 200);
+    auto stopping = std::async(std::launch::async, [&] { srv.stop(); });
+    for (int i = 0; i < 500 && !srv.api().draining(); ++i) std::this_thread::sleep_for(10ms);
+    BOOST_TEST_REQUIRE(srv.api().draining());
+
+    http_client fresh(srv.port());
+    const auto health = fresh.get("/health");
+    check_api_error(health, 503, "unavailable_error");
+    BOOST_TEST(health.header("Retry-After") == "1");
+    BOOST_TEST(!health.keep_alive, "a drain answer keeps its connection");
+    http_client fresh2(srv.port());
+    check_api_error(fresh2.post("/v1/completions", k_short_completion), 503, "unavailable_error");
+    const auto again = kept.get("/health");
+    check_api_error(again, 503, "unavailable_error");
+    BOOST_TEST(kept.closed_by_server(5s));
+    // The stream still runs.
+    BOOST_TEST(stream->read_until("\"text\"", 10s).find("\"text\"") != std::string::npos);
+    BOOST_TEST((stopping.wait_for(0ms) == std::future_status::timeout), "stop() returned while a stream ran");
+    stream.reset();  // its client leaves: the generation ends, and with it the drain
+    BOOST_TEST((stopping.wait_for(20s) == std::future_status::ready), "stop() did not return");
+    // Stopped: nothing listens any more.
+    bool refused = false;
+    try {
+        http_client late(srv.port(), 2s);
+        refused = late.get("/health").status == 0;
+    } catch (const std::exception&) {
+        refused = true;
+    }
+    BOOST_TEST(refused);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace moestream::test
