@@ -463,7 +463,7 @@ int run(const cli::args& a) {
 const command kCommand{
     kName,
     "--url http://HOST:PORT [--api chat|completions] [--concurrency N] [--requests M] [--prompt-tokens P] "
-    "[--max-tokens T] [--api-key K] [--seed S]",
+    "[--max-tokens T] [--api-key K] [--model NAME] [--seed S] [--timeout S]",
     "Benchmarks a running OpenAI-compatible server the way `vllm bench serve` does: M streaming requests (random "
     "word prompts of about P tokens, T output tokens with ignore_eos, usage included), at most N in flight; "
     "reports successful and failed requests, duration, request and token throughput, and mean / median / P99 of "

@@ -66,9 +66,11 @@ void print_expert_layout(const gguf::model_file& f) {
         std::printf("experts: none (no 3-D *_exps tensors)\n");
         return;
     }
-    std::printf("experts: %llu tensors, %llu slices, %.2f GiB in all; slices on 4 KiB boundaries: %llu of %llu\n",
+    // GiB, as the cache budgets (--device-cache, --host-cache) and README are written; the exact
+    // count beside it.
+    std::printf("experts: %llu tensors, %llu slices, %.2f GiB (%llu bytes) in all; slices on 4 KiB boundaries: %llu of %llu\n",
                 (unsigned long long)tensors, (unsigned long long)slices, double(total) / (1ull << 30),
-                (unsigned long long)aligned, (unsigned long long)slices);
+                (unsigned long long)total, (unsigned long long)aligned, (unsigned long long)slices);
     for (auto [count, sum] : bytes_per_expert_by_count) {
         uint64_t layers = 0;
         for (const auto& t : f.tensors())
