@@ -13,6 +13,7 @@
 
 #include "model/chat_template.h"
 #include "server/output_constraint.h"
+#include "server/reasoning_budget.h"
 #include "server/service.h"
 #include "server/tool_prompt.h"
 
@@ -36,7 +37,8 @@ api_result<int32_t> special_token(const tokenizer& tok, std::string_view text, s
     return id;
 }
 
-api_result<std::vector<int32_t>> build_prompt(const served_model& m, const completion_request& r) {
+api_result<std::vector<int32_t>> build_prompt(const served_model& m, const completion_request& r,
+                                              const job_options& opts) {
     std::vector<int32_t> ids;
     const tokenizer* tok = m.tok;
     auto need_tokenizer = [&](std::string_view what) {
@@ -59,6 +61,8 @@ api_result<std::vector<int32_t>> build_prompt(const served_model& m, const compl
             special.eos = tok->token_bytes(tok->data().eos_id);
             auto text = render_chat(messages, true, special);
             if (!text) return bad_request("messages", text.message());
+            if (opts.open_reasoning) *text += "<think>";
+            *text += opts.assistant_prefix;
             ids = tok->encode(*text, true);
             break;
         }
@@ -110,24 +114,41 @@ api_result<std::vector<int32_t>> build_prompt(const served_model& m, const compl
     return api_result<std::vector<int32_t>>(std::move(ids));
 }
 
-parser_options parser_for(const completion_request& r, uint64_t serial) {
+parser_options parser_for(const completion_request& r, uint64_t serial, bool open_reasoning) {
     parser_options o;
     o.tools_enabled = r.route == api_route::chat_completions && !r.tools.empty() && r.choice.kind != tool_choice::none;
     o.reasoning_enabled = r.route == api_route::chat_completions && !r.reasoning_in_content;
+    o.starts_in_reasoning = open_reasoning;
     o.id_seed = serial;
     return o;
+}
+
+// The reasoning budget of a reply that starts inside its reasoning, or null when there is none.
+api_result<std::shared_ptr<token_constraint>> budget_for(const served_model& m, const job_options& opts) {
+    if (!opts.open_reasoning || opts.reasoning_budget < 0)
+        return api_result<std::shared_ptr<token_constraint>>(std::shared_ptr<token_constraint>());
+    if (!m.tok) return bad_request("thinking", "this model has no tokenizer, which a thinking budget needs");
+    auto table = token_table::of(*m.tok);
+    int32_t close = m.tok->find_added(reasoning_budget::k_close);
+    if (close >= 0 && (close >= table->vocab() || table->bytes(close) != reasoning_budget::k_close)) close = -1;
+    auto budget = reasoning_budget::make(std::move(table), close, std::max<int64_t>(opts.reasoning_budget, 1));
+    if (!budget)
+        return make_api_error(501, "not_supported_error",
+                              "thinking budget: this model's vocabulary cannot spell " +
+                                  std::string(reasoning_budget::k_close));
+    return api_result<std::shared_ptr<token_constraint>>(std::shared_ptr<token_constraint>(std::move(budget)));
 }
 
 }  // namespace
 
 completion_job::completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt,
-                               uint64_t serial)
+                               uint64_t serial, bool open_reasoning)
     : model_(m),
       req_(std::move(req)),
       prompt_(std::move(prompt)),
       serial_(serial),
       stops_(req_.stop),
-      parser_(parser_for(req_, serial)) {}
+      parser_(parser_for(req_, serial, open_reasoning)) {}
 
 completion_job::~completion_job() { cancel(); }
 
@@ -146,10 +167,15 @@ void completion_job::abandon() {
     gen_->events().cancel();
 }
 
+api_result<std::vector<int32_t>> completion_job::render_prompt(const served_model& m, const completion_request& req,
+                                                               const job_options& opts) {
+    return build_prompt(m, req, opts);
+}
+
 api_result<std::unique_ptr<completion_job>> completion_job::start(const served_model& m, completion_request req,
-                                                                  constraint_spec constraint) {
+                                                                  constraint_spec constraint, job_options opts) {
     if (!m.eng) return unavailable("Loading model");
-    auto prompt = build_prompt(m, req);
+    auto prompt = build_prompt(m, req, opts);
     if (!prompt) return prompt.error();
     auto& ids = *prompt;
     const int64_t n_prompt = int64_t(ids.size());
@@ -174,12 +200,21 @@ api_result<std::unique_ptr<completion_job>> completion_job::start(const served_m
     g.reuse_prefix = req.cache_prompt;
     if (auto st = g.sampling.validate(m.n_vocab); !st) return bad_request("", st.message());
     // A forced tool call or JSON output: the parser needs no change, the text is what it reads.
-    auto forced = constraint_for_request(req, constraint, m.tok, g.max_tokens);
+    auto forced = constraint_for_request(req, constraint, m.tok, g.max_tokens, opts.open_reasoning);
     if (!forced) return forced.error();
     g.constraint = std::move(*forced);
+    auto budget = budget_for(m, opts);
+    if (!budget) return budget.error();
+    if (*budget) {
+        // The forced shapes start with their own first byte: they leave no room for reasoning.
+        if (g.constraint)
+            return bad_request("thinking", "a thinking budget cannot be combined with a forced tool call or JSON output");
+        g.constraint = std::move(*budget);
+    }
 
     const uint64_t serial = g_serial.fetch_add(1);
-    std::unique_ptr<completion_job> job(new completion_job(m, std::move(req), std::move(ids), serial));
+    std::unique_ptr<completion_job> job(
+        new completion_job(m, std::move(req), std::move(ids), serial, opts.open_reasoning));
     auto gen = m.eng->submit(std::move(g));
     if (!gen) {
         api_error e;
@@ -214,6 +249,17 @@ void completion_job::finish_text(job_update& u) {
     u.delta.content += d.content + f.content;
     u.delta.reasoning += d.reasoning + f.reasoning;
     for (auto* v : {&d.tool_calls, &f.tool_calls}) u.delta.tool_calls.insert(u.delta.tool_calls.end(), v->begin(), v->end());
+}
+
+void completion_job::end_early(job_update& u, const token_event& e, std::string stop_type) {
+    auto f = parser_.finish();
+    u.delta.content += f.content;
+    u.delta.reasoning += f.reasoning;
+    u.delta.tool_calls.insert(u.delta.tool_calls.end(), f.tool_calls.begin(), f.tool_calls.end());
+    u.done = true;
+    u.finish_reason = parser_.saw_tool_calls() ? "tool_calls" : "stop";
+    u.stop_type = std::move(stop_type);
+    u.usage.completion_tokens = e.completion_tokens ? e.completion_tokens : 0;
 }
 
 // The prompt's tokens as echoed (without the BOS the server put in front of a text prompt),
@@ -261,15 +307,11 @@ job_update completion_job::from_event(const token_event& e) {
         if (stops_.stopped()) {
             // A stop string ended the text: the engine stops at its next step.
             stopped_by_word_ = true;
-            auto f = parser_.finish();
-            u.delta.content += f.content;
-            u.delta.reasoning += f.reasoning;
-            u.delta.tool_calls.insert(u.delta.tool_calls.end(), f.tool_calls.begin(), f.tool_calls.end());
-            u.done = true;
-            u.finish_reason = parser_.saw_tool_calls() ? "tool_calls" : "stop";
-            u.stop_type = "word";
+            end_early(u, e, "word");
             u.stopping_word = stops_.matched();
-            u.usage.completion_tokens = e.completion_tokens ? e.completion_tokens : 0;
+        } else if (!req_.parallel_tool_calls && !parser_.tool_calls().empty() && parser_.tool_calls()[0].complete) {
+            // One call at most: what follows the first is not read.
+            end_early(u, e, "eos");
         }
         return u;
     }

@@ -52,13 +52,30 @@ struct job_update {
     job_usage usage;
 };
 
+// How a reply starts and how long it may think, for routes that say so (Anthropic Messages).
+struct job_options {
+    // The reply starts inside the model's reasoning: the prompt ends with "<think>"
+    // (DeepSeek-V3.1's thinking mode) and the output is reasoning until "</think>".
+    bool open_reasoning = false;
+    // With open_reasoning: the reasoning ends within this many tokens (server/reasoning_budget.h);
+    // -1: no limit.
+    int64_t reasoning_budget = -1;
+    // Text the assistant's reply is given to start with (Anthropic's final assistant message):
+    // appended after the generation prompt, not part of the output.
+    std::string assistant_prefix;
+};
+
 class completion_job {
   public:
     // Validates and submits; errors are the HTTP answer (400 context overflow, 429 queue full,
     // 503 draining...). The output is constrained when the request forces a tool call or
-    // `constraint` asks for JSON (server/output_constraint.h).
+    // `constraint` asks for JSON (server/output_constraint.h), and while a reasoning budget runs.
+    // With parallel_tool_calls false the reply ends after its first complete tool call.
     static api_result<std::unique_ptr<completion_job>> start(const served_model& m, completion_request req,
-                                                             constraint_spec constraint = {});
+                                                             constraint_spec constraint = {}, job_options opts = {});
+    // The prompt start() would submit (token counting: the same rendering as generation).
+    static api_result<std::vector<int32_t>> render_prompt(const served_model& m, const completion_request& req,
+                                                          const job_options& opts = {});
     ~completion_job();  // cancels the generation if it is still running
 
     // The next update, or nullopt when nothing arrived within `wait`. After an update with
@@ -79,10 +96,14 @@ class completion_job {
     std::chrono::steady_clock::time_point arrival() const { return arrival_; }
 
   private:
-    completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt, uint64_t serial);
+    completion_job(const served_model& m, completion_request req, std::vector<int32_t> prompt, uint64_t serial,
+                   bool open_reasoning);
     job_update from_event(const token_event& e);
     std::vector<emitted_token> echoed_prompt(const std::vector<prompt_score>& scores) const;
     void finish_text(job_update& u);
+    // Ends the reply before the engine does (a stop string, the first tool call when parallel
+    // calls are off): flushes the parser into `u` and marks it final.
+    void end_early(job_update& u, const token_event& e, std::string stop_type);
 
     const served_model& model_;
     completion_request req_;
