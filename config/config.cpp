@@ -111,6 +111,7 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
             else if (key == "body_bytes_max") MS_TRY(read_int(v, where, c.server.body_bytes_max));
             else if (key == "wait_queue_max") MS_TRY(read_int(v, where, c.server.wait_queue_max));
             else if (key == "request_timeout_s") MS_TRY(read_int(v, where, c.server.request_timeout_s));
+            else if (key == "response_store_max") MS_TRY(read_int(v, where, c.server.response_store_max));
             else return make_error(where + " is not a known field");
         } else if (section == "log") {
             if (key == "level") MS_TRY(read_string(v, where, c.log.level));
@@ -220,6 +221,8 @@ status validate(const moestream_config& c) {
     if (c.server.body_bytes_max < 1024) return bad("server.body_bytes_max", "must be at least 1024");
     if (c.server.wait_queue_max < 0) return bad("server.wait_queue_max", "must not be negative");
     if (c.server.request_timeout_s < 1) return bad("server.request_timeout_s", "must be at least 1 second");
+    if (c.server.response_store_max < 0 || c.server.response_store_max > 1000000)
+        return bad("server.response_store_max", "must be between 0 (keep none) and 1000000");
     for (const auto& k : c.server.api_keys)
         if (k.empty()) return bad("server.api_keys", "must not contain an empty key");
     static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
@@ -281,7 +284,8 @@ std::string to_json(const moestream_config& c) {
       << ", \"api_keys\": " << json_strings(c.server.api_keys, true)
       << ", \"cors_origins\": " << json_strings(c.server.cors_origins, false)
       << ", \"body_bytes_max\": " << c.server.body_bytes_max << ", \"wait_queue_max\": " << c.server.wait_queue_max
-      << ", \"request_timeout_s\": " << c.server.request_timeout_s << "},\n"
+      << ", \"request_timeout_s\": " << c.server.request_timeout_s
+      << ", \"response_store_max\": " << c.server.response_store_max << "},\n"
       << "  \"log\": {\"level\": " << json_escape(c.log.level) << "},\n"
       << "  \"paths\": {\"deps_dir\": " << json_escape(c.paths.deps_dir) << "}\n}\n";
     return o.str();

@@ -387,4 +387,53 @@ asio::awaitable<std::optional<job_update>> completion_job::next(std::chrono::mil
     co_return u;
 }
 
+// ---- job_driver ------------------------------------------------------------------------------
+
+job_driver::job_driver(completion_job& job, server_metrics& metrics, std::chrono::seconds time_limit)
+    : job_(job), metrics_(metrics), deadline_(job.arrival() + time_limit), time_limit_(time_limit) {}
+
+void job_driver::observe(const job_update& u) {
+    const auto now = std::chrono::steady_clock::now();
+    auto seconds = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    if (!u.tokens.empty()) {
+        if (!first_token_) first_token_ = now;
+        else if (last_emit_) obs_.itl_s.push_back(seconds(now - *last_emit_));
+        last_emit_ = now;
+    }
+    if (!u.done) return;
+    obs_.queue_s = u.usage.queue_s;
+    obs_.prefill_s = u.usage.prefill_s;
+    obs_.decode_s = u.usage.decode_s;
+    obs_.ttft_s = seconds((first_token_ ? *first_token_ : now) - job_.arrival());
+    obs_.e2e_s = seconds(now - job_.arrival());
+    obs_.prompt_tokens = u.usage.prompt_tokens;
+    obs_.cached_tokens = u.usage.cached_tokens;
+    obs_.completion_tokens = u.usage.completion_tokens;
+    obs_.finish_reason = u.finish_reason == "cancelled" ? "abort" : u.finish_reason;
+    metrics_.observe_request(obs_);
+}
+
+asio::awaitable<std::optional<job_update>> job_driver::next(std::chrono::milliseconds wait) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline_) {
+        job_.cancel();
+        job_update u;
+        u.done = true;
+        u.finish_reason = "error";
+        u.error = make_api_error(504, "timeout_error", "the request took longer than the server's limit of " +
+                                                           std::to_string(time_limit_.count()) + " s");
+        observe(u);
+        co_return u;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now) + std::chrono::milliseconds(1);
+    auto u = co_await job_.next(std::min(wait, left));
+    if (!u) co_return u;
+    observe(*u);
+    if (u->done && u->finish_reason == "cancelled") {
+        u->finish_reason = "error";
+        u->error = make_api_error(503, "unavailable_error", "the request was cancelled: the server is shutting down");
+    }
+    co_return u;
+}
+
 }  // namespace moestream::server

@@ -18,6 +18,7 @@
 #include "scheduler/engine.h"
 #include "server/api_error.h"
 #include "server/constraint_request.h"
+#include "server/metrics.h"
 #include "server/output_parser.h"
 #include "server/request.h"
 #include "server/stop_matcher.h"
@@ -118,6 +119,27 @@ class completion_job {
     std::atomic<bool> abandoned_{false};  // next() no longer waits on the engine
     bool stopped_by_word_ = false;
     bool prompt_echoed_ = false;  // the scored prompt went out with an update
+};
+
+// Drives a started job for a route handler: next() waits for the job's updates within the
+// request's time limit (past it the job is cancelled and ends with a 504 error; a job cancelled
+// by the shutdown ends with a 503 error) and reports the finished request to the metrics (queue,
+// prefill and decode time, TTFT, inter-token gaps, tokens, finish reason), as service.cpp's
+// completion routes do.
+class job_driver {
+  public:
+    job_driver(completion_job& job, server_metrics& metrics, std::chrono::seconds time_limit);
+    boost::asio::awaitable<std::optional<job_update>> next(std::chrono::milliseconds wait);
+
+  private:
+    void observe(const job_update& u);
+
+    completion_job& job_;
+    server_metrics& metrics_;
+    std::chrono::steady_clock::time_point deadline_;
+    std::chrono::seconds time_limit_;
+    request_observation obs_;
+    std::optional<std::chrono::steady_clock::time_point> first_token_, last_emit_;
 };
 
 }  // namespace moestream::server

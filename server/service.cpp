@@ -8,6 +8,8 @@
 #include "server/json_writer.h"
 #include "server/request.h"
 #include "server/response_format.h"
+#include "server/responses_route.h"
+#include "server/responses_store.h"
 
 
 namespace moestream::server {
@@ -40,7 +42,10 @@ http_response error_response(const api_error& e) {
     return r;
 }
 
-service::service(service_limits limits) : limits_(limits), metrics_(std::make_unique<server_metrics>("")) {}
+service::service(service_limits limits)
+    : limits_(limits),
+      metrics_(std::make_unique<server_metrics>("")),
+      responses_(std::make_shared<response_store>(limits.response_store_max)) {}
 
 void service::set_model(served_model m) {
     MS_ASSERT_MSG(!ready_.load(), "service::set_model called twice");
@@ -82,6 +87,7 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
         {"/v1/models", false, 12},                     {"/models", false, 12},
         {"/props", false, 13},                         {"/slots", false, 14},
         {"/metrics", false, 15},
+        {"/v1/responses", true, 20},                   {"/responses", true, 20},
     };
     const route_entry* hit = nullptr;
     for (const auto& r : routes)
@@ -109,6 +115,7 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
         case 13: co_return co_await reply(props());
         case 14: co_return co_await reply(slots());
         case 15: co_return co_await reply(metrics_text());
+        case 20: co_return co_await serve_responses(*this, req, out);
         default: co_return co_await completion(req, out, hit->kind);
     }
 }

@@ -68,9 +68,11 @@ struct served_model {
 struct service_limits {
     std::chrono::seconds request_timeout{600};
     std::chrono::seconds ping_interval{10};
+    size_t response_store_max = 256;  // /v1/responses kept for previous_response_id (0: none)
 };
 
 class completion_job;
+class response_store;
 
 class service {
   public:
@@ -106,6 +108,8 @@ class service {
     };
 
     server_metrics* metrics() { return metrics_.get(); }
+    // The responses kept for previous_response_id (server/responses_store.h).
+    response_store& responses() { return *responses_; }
     const served_model& model() const { return model_; }
     const service_limits& limits() const { return limits_; }
 
@@ -124,6 +128,7 @@ class service {
     service_limits limits_;
     served_model model_;
     std::unique_ptr<server_metrics> metrics_;
+    std::shared_ptr<response_store> responses_;  // shared_ptr: the type is incomplete here
     std::atomic<bool> ready_{false};
     std::atomic<bool> draining_{false};
     mutable std::mutex jobs_mu_;

@@ -54,6 +54,7 @@ int run(const cli::args& a) {
 
     server::service_limits limits;
     limits.request_timeout = http.request_timeout;
+    limits.response_store_max = size_t(cfg->server.response_store_max);
     server::service api(limits);
     server::http_server srv(http, api);
     auto port = srv.listen();
