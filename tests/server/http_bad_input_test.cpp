@@ -248,6 +248,84 @@ BOOST_AUTO_TEST_CASE(idle_connections) {
     BOOST_TEST(seconds_since(t0) < 6.5);
 }
 
+// ---- the Responses route: every case is a 400 in the OpenAI shape whose param names the field,
+// and the server serves on.
+
+BOOST_AUTO_TEST_CASE(responses_bad_bodies) {
+    struct bad {
+        std::string body, param;
+        std::string_view fragment;
+    };
+    const std::string call = R"({"type":"function_call","call_id":"call_1","name":"f","arguments":"{}"})";
+    const bad cases[] = {
+        {R"({"input":"hi","max_output_tokens":4)", "", "truncated JSON"},
+        {R"({"input":["hi"]]})", "", "invalid JSON at byte"},
+        {"[1,2]", "", "must be a JSON object"},
+        {"", "", "empty"},
+        {"{\"input\":\"caf\xc3\"}", "", "UTF-8"},
+        {R"({"max_output_tokens":4})", "input", "input: required"},
+        {R"({"input":{"role":"user"}})", "input", "expected a string or an array of items"},
+        {R"({"input":[7]})", "input[0]", "expected an item object"},
+        {R"({"input":[{"type":"computer_call","id":"c"}]})", "input[0].type", "'computer_call' is not supported"},
+        {R"({"input":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]})", "input[0].content[0].type",
+         "only text content is supported"},
+        {R"({"input":[{"role":"critic","content":"x"}]})", "input[0].role", "unknown role 'critic'"},
+        {R"({"input":[{"type":"function_call","name":"f","arguments":"{}"}]})", "input[0].call_id", "required"},
+        {R"({"input":[{"type":"function_call_output","call_id":"call_404","output":"x"}]})", "input[0].call_id",
+         "no function_call with call_id \"call_404\""},
+        {"{\"input\":[" + call + R"(,{"type":"function_call_output","call_id":"call_2","output":"x"}]})",
+         "input[1].call_id", "no function_call with call_id \"call_2\""},
+        {R"({"input":"hi","max_output_tokens":1e300})", "max_output_tokens", "max_output_tokens"},
+        {R"({"input":"hi","max_output_tokens":"many"})", "max_output_tokens", "expected an integer"},
+        {R"({"input":"hi","max_output_tokens":0})", "max_output_tokens", "must be >= 1"},
+        {R"({"input":"hi","tools":[{"type":"function","function":{"name":"f"}}]})", "tools[0].name", "flat"},
+        {R"({"input":"hi","tools":[{"type":"function","name":"f"}],"tool_choice":{"type":"function","name":"g"}})",
+         "tool_choice.name", "no function tool named \"g\""},
+        {R"({"input":"hi","previous_response_id":"resp_404"})", "previous_response_id", "no stored response"},
+        {R"({"input":"hi","text":{"format":{"type":"xml"}}})", "text.format.type", "unknown type"},
+    };
+    for (const auto& c : cases) {
+        {
+            http_client client(port());
+            const auto r = client.post("/v1/responses", c.body);
+            check_api_error(r, 400, "invalid_request_error", c.param);
+            BOOST_TEST(json_doc(r.body).str({"error", "message"}).find(c.fragment) != std::string::npos,
+                       c.body << " -> " << r.body);
+        }
+        check_still_serving(port());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(responses_huge_max_output_tokens_is_a_cap) {
+    http_client c(port());
+    const auto r = c.post("/v1/responses", R"({"input":"hi","max_output_tokens":9223372036854775807})");
+    BOOST_TEST_REQUIRE(r.status == 200, r.body);
+    json_doc d(r.body);
+    // The context (256 tokens here) ends it, unless the model ends first.
+    BOOST_TEST((d.str({"status"}) == "incomplete" || d.str({"status"}) == "completed"), r.body.substr(0, 300));
+    BOOST_TEST(d.integer({"usage", "input_tokens"}) + d.integer({"usage", "output_tokens"}) <= 256);
+}
+
+BOOST_AUTO_TEST_CASE(responses_truncated_and_oversized_bodies) {
+    {
+        raw_connection c(port());
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/responses", 100) + R"({"input":"hi","str)"));
+        c.half_close();
+        auto got = c.read_until_close(10s);
+        BOOST_TEST(status_of_raw(got.bytes) == 400, got.bytes);
+    }
+    {
+        raw_connection c(port());
+        const std::string body(2 * k_body_limit, 'x');
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/responses", body.size())));
+        c.send(body);  // may fail once the server has answered and closed
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(status_of_raw(got.bytes) == 413, got.bytes.substr(0, 300));
+        check_api_error_body(body_of_raw(got.bytes), 413, "invalid_request_error");
+    }
+    check_still_serving(port());
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace moestream::test
