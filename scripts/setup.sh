@@ -48,7 +48,7 @@ fi
 # SDKs, the `ws` WebSocket client, and the two coding agents (the Codex CLI and Claude Code's
 # native binary), which run offline against a local server.
 NODE_DIR=".deps/node"
-NODE_PKGS=(openai@4 ws@8 @anthropic-ai/sdk@1.10.0 @openai/codex@0.169.0 @anthropic-ai/claude-code-linux-x64@2.1.328)
+NODE_PKGS=(openai@6.49.0 ws@8 @anthropic-ai/sdk@1.10.0 @openai/codex@0.169.0 @anthropic-ai/claude-code-linux-x64@2.1.328)
 node_missing=()
 # A package counts as present when its installed version is the pinned one (or, for a pin of a
 # major version such as ws@8, one of that line).
