@@ -1,4 +1,4 @@
-// The official OpenAI Node SDK (`openai` v4) against a running `moestream serve`: streamed chat
+// The official OpenAI Node SDK (`openai` 6.x, pinned in scripts/setup.sh) against a running `moestream serve`: streamed chat
 // completions with tools and usage, a forced tool call, text completions, the model list, and
 // API errors. The forged model emits random tokens, so free-form answers are checked for their
 // shape (what a client parses), forced tool calls for their content.
