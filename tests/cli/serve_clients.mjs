@@ -1,7 +1,8 @@
-// The official OpenAI Node SDK (`openai` 6.x, pinned in scripts/setup.sh) against a running `moestream serve`: streamed chat
-// completions with tools and usage, a forced tool call, text completions, the model list, and
-// API errors. The forged model emits random tokens, so free-form answers are checked for their
-// shape (what a client parses), forced tool calls for their content.
+// The official OpenAI Node SDK (`openai` 6.x, pinned in scripts/setup.sh) against a running
+// `moestream serve`: streamed chat completions with tools and usage, a forced tool call, text
+// completions, the model list, and API errors. The forged model emits random tokens, so
+// free-form answers are checked for their shape (what a client parses), forced tool calls for
+// their content.
 // Usage: node serve_clients.mjs http://127.0.0.1:PORT  (the openai package is resolved from
 // $MOESTREAM_NODE_DIR/node_modules, default .deps/node of the repository).
 import { createRequire } from 'node:module';
