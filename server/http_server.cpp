@@ -152,20 +152,25 @@ class http_responder final : public responder {
     int status_ = 0;
 };
 
-// Writes a complete error response outside any route (limits, parse errors, auth).
+// Writes a complete error response outside any route (limits, parse errors, auth), in the shape of
+// the API `path` belongs to (service.h error_body) when it is known.
 asio::awaitable<void> send_error(beast::tcp_stream& s, unsigned version, const api_error& e, bool keep_alive,
                                   std::chrono::seconds timeout,
-                                  const std::vector<std::pair<std::string, std::string>>& extra = {}) {
+                                  const std::vector<std::pair<std::string, std::string>>& extra = {},
+                                  std::string_view path = {}) {
     http::response<http::string_body> res{http::status(e.status), version};
     res.set(http::field::server, "moestream");
     res.set(http::field::content_type, "application/json");
     for (const auto& [k, v] : extra) res.set(k, v);
     res.keep_alive(keep_alive);
-    res.body() = to_json(e);
+    res.body() = error_body(path, e);
     res.prepare_payload();
     s.expires_after(timeout);
     co_await http::async_write(s, res, use_nothrow);
 }
+
+// The path of a request target (without the query).
+std::string_view target_path(std::string_view target) { return target.substr(0, target.find('?')); }
 
 // After an error answered before the body was read: stop sending, then read and drop what the
 // client is still sending for a moment, so it sees the response instead of a reset.
@@ -274,7 +279,7 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
                                      error_of(413, "invalid_request_error",
                                               "request body too large (limit " + std::to_string(opts.body_bytes_max) +
                                                   " bytes)"),
-                                     false, opts.write_timeout);
+                                     false, opts.write_timeout, {}, target_path(parser.get().target()));
             } else {
                 co_await send_error(stream, 11, error_of(400, "invalid_request_error", "malformed HTTP request: " + hec.message()),
                                      false, opts.write_timeout);
@@ -299,7 +304,7 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
                                      error_of(413, "invalid_request_error",
                                               "request body too large (limit " + std::to_string(opts.body_bytes_max) +
                                                   " bytes)"),
-                                     false, opts.write_timeout);
+                                     false, opts.write_timeout, {}, target_path(head.target()));
             else if (bec != beast::error::timeout && bec != http::error::end_of_stream && bec != asio::error::eof)
                 co_await send_error(stream, head.version(),
                                      error_of(400, "invalid_request_error", "malformed HTTP body: " + bec.message()), false,
@@ -345,6 +350,7 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
             continue;
         }
         // Authentication on every route but /health.
+        std::string api_key;
         if (!opts.api_keys.empty() && path != "/health" && path != "/v1/health") {
             std::string key = header_value(req, "X-Api-Key");
             std::string auth = header_value(req, "Authorization");
@@ -353,11 +359,12 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
             for (const auto& k : opts.api_keys) ok |= same_secret(key, k);
             if (!ok) {
                 auto e = error_of(401, "authentication_error", "Invalid API Key");
-                co_await send_error(stream, req.version(), e, req.keep_alive(), opts.write_timeout, extra);
+                co_await send_error(stream, req.version(), e, req.keep_alive(), opts.write_timeout, extra, path);
                 api.metrics()->count_http(path, std::string(req.method_string()), 401);
                 if (!req.keep_alive()) co_return;
                 continue;
             }
+            api_key = std::move(key);
         }
         if (beast::websocket::is_upgrade(req) && path == "/v1/ws") {
             if (!api.ready() || shutting_down) {
@@ -376,6 +383,7 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
         ar.path = path;
         ar.query = q == std::string::npos ? std::string_view() : std::string_view(target).substr(q + 1);
         ar.body = req.body();
+        ar.api_key = api_key;
         // The route races the peer: a client that goes away cancels its request (and with it
         // the generation) at once, even while nothing is being written.
         auto raced = co_await (api.handle(ar, out) || watch_peer(stream.socket()));

@@ -3,6 +3,8 @@
 #include <boost/asio/this_coro.hpp>
 #include <ctime>
 
+#include "server/anthropic_response.h"
+#include "server/anthropic_route.h"
 #include "server/completion_job.h"
 #include "server/constraint_request.h"
 #include "server/json_writer.h"
@@ -42,10 +44,24 @@ http_response error_response(const api_error& e) {
     return r;
 }
 
+std::string error_body(std::string_view path, const api_error& e) {
+    return is_anthropic_path(path) ? anthropic_error_json(e) : to_json(e);
+}
+
+namespace {
+
+// An error answered by the router: in the shape of the API the path belongs to.
+http_response error_on(std::string_view path, const api_error& e) {
+    return is_anthropic_path(path) ? anthropic_error_response(e) : error_response(e);
+}
+
+}  // namespace
+
 service::service(service_limits limits)
     : limits_(limits),
       metrics_(std::make_unique<server_metrics>("")),
-      responses_(std::make_shared<response_store>(limits.response_store_max)) {}
+      responses_(std::make_shared<response_store>(limits.response_store_max)),
+      anthropic_(std::make_shared<anthropic_route>(*this)) {}
 
 void service::set_model(served_model m) {
     MS_ASSERT_MSG(!ready_.load(), "service::set_model called twice");
@@ -63,13 +79,19 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
         co_return status;
     };
     auto method_not_allowed = [&](const char* allowed) {
-        auto r = error_response(make_api_error(405, "invalid_request_error",
-                                               std::string(req.method) + " is not allowed on " + std::string(p) +
-                                                   " (use " + allowed + ")"));
+        auto r = error_on(p, make_api_error(405, "invalid_request_error",
+                                            std::string(req.method) + " is not allowed on " + std::string(p) +
+                                                " (use " + allowed + ")"));
         r.headers.push_back({"Allow", allowed});
         return r;
     };
 
+    // Claude Code checks with HEAD / that the server is there.
+    if (p == "/" && req.method == "HEAD") {
+        http_response here;  // named: GCC 12 mishandles a braced temporary across co_await
+        here.content_type = "text/plain";
+        co_return co_await reply(std::move(here));
+    }
     if (p == "/health" || p == "/v1/health") {
         if (!get) co_return co_await reply(method_not_allowed("GET"));
         co_return co_await reply(health());
@@ -88,6 +110,7 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
         {"/props", false, 13},                         {"/slots", false, 14},
         {"/metrics", false, 15},
         {"/v1/responses", true, 20},                   {"/responses", true, 20},
+        {"/v1/messages", true, 30},                    {"/v1/messages/count_tokens", true, 31},
     };
     const route_entry* hit = nullptr;
     for (const auto& r : routes)
@@ -102,12 +125,12 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
     }
     if (!hit)
         co_return co_await reply(
-            error_response(make_api_error(404, "not_found_error", "no route " + std::string(p))));
+            error_on(p, make_api_error(404, "not_found_error", "no route " + std::string(p))));
     if (hit->is_post != post || (!hit->is_post && !get))
         co_return co_await reply(method_not_allowed(hit->is_post ? "POST" : "GET"));
     if (!ready_ || draining_)
-        co_return co_await reply(error_response(
-            make_api_error(503, "unavailable_error", draining_ ? "the server is shutting down" : "Loading model")));
+        co_return co_await reply(error_on(
+            p, make_api_error(503, "unavailable_error", draining_ ? "the server is shutting down" : "Loading model")));
     switch (hit->kind) {
         case 10: co_return co_await reply(tokenize(req.body));
         case 11: co_return co_await reply(detokenize(req.body));
@@ -116,6 +139,8 @@ asio::awaitable<int> service::handle(const api_request& req, responder& out) {
         case 14: co_return co_await reply(slots());
         case 15: co_return co_await reply(metrics_text());
         case 20: co_return co_await serve_responses(*this, req, out);
+        case 30: co_return co_await anthropic_->messages(req, out);
+        case 31: co_return co_await anthropic_->count_tokens(req, out);
         default: co_return co_await completion(req, out, hit->kind);
     }
 }

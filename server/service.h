@@ -46,6 +46,7 @@ struct api_request {
     std::string_view path;    // without the query
     std::string_view query;   // after '?', may be empty
     std::string_view body;
+    std::string_view api_key;  // the key the request authenticated with; empty when the server has none
 };
 
 // What the service needs to know about the model it serves, set once it is loaded.
@@ -72,6 +73,7 @@ struct service_limits {
 };
 
 class completion_job;
+class anthropic_route;
 class response_store;
 
 class service {
@@ -129,6 +131,7 @@ class service {
     served_model model_;
     std::unique_ptr<server_metrics> metrics_;
     std::shared_ptr<response_store> responses_;  // shared_ptr: the type is incomplete here
+    std::shared_ptr<anthropic_route> anthropic_;  // /v1/messages (server/anthropic_route.h)
     std::atomic<bool> ready_{false};
     std::atomic<bool> draining_{false};
     mutable std::mutex jobs_mu_;
@@ -138,5 +141,8 @@ class service {
 
 // The JSON body and status of an API error, as an HTTP response.
 http_response error_response(const api_error& e);
+// The body of an error answered on `path`: Anthropic's shape on its routes (/v1/messages...),
+// OpenAI's elsewhere. For the errors the transport answers itself (401, 413).
+std::string error_body(std::string_view path, const api_error& e);
 
 }  // namespace moestream::server

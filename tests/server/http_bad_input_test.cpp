@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "anthropic_check.h"
 #include "server_fixture.h"
 
 namespace moestream::test {
@@ -246,6 +247,75 @@ BOOST_AUTO_TEST_CASE(idle_connections) {
     BOOST_TEST(c.closed_by_server(10s));
     BOOST_TEST(seconds_since(t0) > 3.0);
     BOOST_TEST(seconds_since(t0) < 6.5);
+}
+
+// ---- the Anthropic Messages route: every case is a 400 in Anthropic's shape that names what is
+// wrong, and the server serves on.
+
+BOOST_AUTO_TEST_CASE(anthropic_bad_bodies) {
+    const std::string msgs = R"("messages":[{"role":"user","content":"hi"}])";
+    const std::string use = R"({"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"Bash","input":{}}]})";
+    const std::pair<std::string, std::string_view> cases[] = {
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":"hi"})", "truncated JSON"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":"hi"}]]})", "invalid JSON at byte"},
+        {"[1,2]", "must be a JSON object"},
+        {"", "empty"},
+        {"{\"max_tokens\":8," + msgs + ",\"system\":\"caf\xc3\"}", "UTF-8"},
+        {"{" + msgs + "}", "max_tokens: required"},
+        {R"({"max_tokens":1e300,)" + msgs + "}", "max_tokens"},
+        {R"({"max_tokens":"8",)" + msgs + "}", "max_tokens: expected an integer"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"http://x"}}]}]})",
+         "image content is not supported"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":[{"type":"tool_use","id":"a","name":"b","input":{}}]}]})",
+         "tool_use blocks belong in assistant messages"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":[{"type":"video"}]}]})", "unsupported content block type"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":42}]})", "expected a string or an array of content blocks"},
+        {R"({"max_tokens":8,"messages":[{"role":"user","content":"x"},)" + use +
+             R"(,{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_404","content":"?"}]}]})",
+         "unexpected tool_use_id \"toolu_404\""},
+        {R"({"max_tokens":8,"thinking":{"type":"enabled","budget_tokens":8},)" + msgs + "}", "must be less than max_tokens"},
+        {R"({"max_tokens":8,"tools":[{"name":"a","input_schema":{}}],"tool_choice":{"type":"tool","name":"b"},)" + msgs + "}",
+         "no tool named \"b\""},
+    };
+    for (const auto& [body, fragment] : cases) {
+        {
+            http_client c(port());
+            const auto r = c.post("/v1/messages", body);
+            check_anthropic_error(r, 400, "invalid_request_error");
+            BOOST_TEST(json_doc(r.body).str({"error", "message"}).find(fragment) != std::string::npos,
+                       body << " -> " << r.body);
+        }
+        check_still_serving(port());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(anthropic_huge_max_tokens_is_a_cap) {
+    // Agents send far more than the context leaves: generation runs to the end of the context.
+    http_client c(port());
+    const auto r = c.post("/v1/messages", R"({"max_tokens":9223372036854775807,"messages":[{"role":"user","content":"hi"}]})");
+    BOOST_TEST_REQUIRE(r.status == 200, r.body);
+    json_doc d(r.body);
+    BOOST_TEST((d.str({"stop_reason"}) == "model_context_window_exceeded" || d.str({"stop_reason"}) == "end_turn"), r.body);
+}
+
+BOOST_AUTO_TEST_CASE(anthropic_truncated_and_oversized_bodies) {
+    {
+        raw_connection c(port());
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/messages", 100) + R"({"max_tokens":8,"mess)"));
+        c.half_close();
+        auto got = c.read_until_close(10s);
+        BOOST_TEST(status_of_raw(got.bytes) == 400, got.bytes);
+    }
+    {
+        raw_connection c(port());
+        const std::string body(2 * k_body_limit, 'x');
+        BOOST_TEST_REQUIRE(c.send(request_head("/v1/messages?beta=true", body.size())));
+        c.send(body);  // may fail once the server has answered and closed
+        auto got = c.read_until_close(15s);
+        BOOST_TEST(status_of_raw(got.bytes) == 413, got.bytes.substr(0, 300));
+        check_anthropic_error_body(body_of_raw(got.bytes), "request_too_large");
+    }
+    check_still_serving(port());
 }
 
 // ---- the Responses route: every case is a 400 in the OpenAI shape whose param names the field,

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "anthropic_check.h"
 #include "responses_stream_check.h"
 #include "server_fixture.h"
 
@@ -277,6 +278,127 @@ BOOST_FIXTURE_TEST_CASE(concurrent_streams_with_disconnects, load_server) {
                                           << " s in all");
     // Under ASan freed memory sits in quarantine; LeakSanitizer checks for leaks there instead.
     if (!sanitized_build()) BOOST_TEST(rss_after - rss_before < int64_t(32) << 20);
+}
+
+// ---- the Anthropic Messages route: 64 concurrent streams, about 20% of them hang up at a random
+// point; every stream read to its end follows the event grammar and reports its tokens.
+
+namespace {
+
+struct anthropic_plan {
+    uint64_t seed = 0;
+    int max_tokens = 0;
+    int hang_up_after = -1;  // close after this many data events (-1: read to the end)
+    bool tools = false;      // a forced tool call (input_json_delta) instead of text
+};
+
+asio::awaitable<stream_result> run_anthropic_stream(uint16_t port, anthropic_plan plan) {
+    stream_result r;
+    beast::tcp_stream s(co_await asio::this_coro::executor);
+    s.expires_after(sanitized_build() ? 600s : 120s);
+    auto [cec] = co_await s.async_connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), use_nothrow);
+    if (cec) {
+        r.transport_error = "connect: " + cec.message();
+        co_return r;
+    }
+    http::request<http::string_body> req{http::verb::post, "/v1/messages?beta=true", 11};
+    req.set(http::field::host, "127.0.0.1");
+    req.set(http::field::content_type, "application/json");
+    req.set("anthropic-version", "2023-06-01");
+    req.body() = R"({"stream":true,"max_tokens":)" + std::to_string(plan.max_tokens) + R"(,"messages":[{"role":"user","content":"Tell the tale, part )" +
+                 std::to_string(plan.seed) + R"("}])" +
+                 (plan.tools ? R"(,"tools":[{"name":"save","input_schema":{"type":"object"}}],"tool_choice":{"type":"any"})" : "") + "}";
+    req.prepare_payload();
+    auto [wec, wn] = co_await http::async_write(s, req, use_nothrow);
+    (void)wn;
+    if (wec) {
+        r.transport_error = "write: " + wec.message();
+        co_return r;
+    }
+    if (plan.hang_up_after == 0) {
+        r.hung_up = true;
+        co_return r;
+    }
+    beast::flat_buffer buffer;
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(64u << 20);
+    size_t offset = 0;
+    while (!parser.is_done()) {
+        auto [ec, n] = co_await http::async_read_some(s, buffer, parser, use_nothrow);
+        (void)n;
+        if (ec) {
+            r.transport_error = "read: " + ec.message();
+            co_return r;
+        }
+        if (parser.is_header_done() && r.status == 0) {
+            r.status = int(parser.get().result_int());
+            r.content_type = std::string(parser.get()[http::field::content_type]);
+        }
+        take_events(parser.get().body(), offset, r.events);
+        if (plan.hang_up_after > 0 && int(r.events.size()) >= plan.hang_up_after) {
+            r.hung_up = true;
+            co_return r;
+        }
+    }
+    take_events(parser.get().body() + "\n\n", offset, r.events);
+    co_return r;
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_CASE(anthropic_concurrent_streams_with_disconnects, load_server) {
+    std::mt19937_64 rng(11);
+    std::vector<anthropic_plan> plans(size_t(k_requests / 2));
+    for (size_t i = 0; i < plans.size(); ++i) {
+        auto& p = plans[i];
+        p.seed = i;
+        p.tools = i % 5 == 2;
+        p.max_tokens = (p.tools ? 32 : 2) + int(rng() % uint64_t(k_max_tokens - 1));
+        if (rng() % 100 < 20) p.hang_up_after = int(rng() % uint64_t(p.max_tokens + 4));
+    }
+    asio::io_context ioc;
+    std::vector<stream_result> results(plans.size());
+    size_t next = 0;
+    int finished = 0;
+    auto client = [&]() -> asio::awaitable<void> {
+        while (next < plans.size()) {
+            const size_t i = next++;
+            results[i] = co_await run_anthropic_stream(srv.port(), plans[i]);
+            ++finished;
+        }
+    };
+    for (int c = 0; c < k_clients; ++c) asio::co_spawn(ioc, client(), asio::detached);
+    ioc.run_for(sanitized_build() ? 900s : 180s);
+    BOOST_TEST_REQUIRE(finished == int(plans.size()));
+    int completed = 0, hung_up = 0;
+    for (size_t i = 0; i < results.size(); ++i) {
+        const auto& r = results[i];
+        if (r.hung_up) {
+            ++hung_up;
+            BOOST_TEST(r.transport_error.empty(), r.transport_error);
+            continue;
+        }
+        const std::string label = "anthropic stream " + std::to_string(i);
+        BOOST_TEST_REQUIRE(r.transport_error.empty(), label << ": " << r.transport_error);
+        BOOST_TEST_REQUIRE(r.status == 200, label << ": status " << r.status);
+        BOOST_TEST(r.content_type == "text/event-stream");
+        const auto s = check_anthropic_stream(r.events, label);
+        BOOST_TEST(s.error_type.empty(), label << ": " << s.error_type);
+        if (plans[i].tools) {
+            BOOST_TEST(s.stop_reason == "tool_use", label);
+            BOOST_TEST(s.tool_inputs.size() == 1u, label);
+        } else if (s.stop_reason == "max_tokens") {
+            BOOST_TEST(s.output_tokens == plans[i].max_tokens, label);
+        } else {
+            BOOST_TEST(s.stop_reason == "end_turn", label << ": " << s.stop_reason);
+        }
+        ++completed;
+    }
+    BOOST_TEST(hung_up > 0);
+    BOOST_TEST_MESSAGE("anthropic load: " << completed << " completed, " << hung_up << " hung up");
+    BOOST_TEST(srv.wait_idle(10s), "the engine still holds sequences after the load");
+    BOOST_TEST(srv.api().live_jobs() == 0u);
+    check_still_serving(srv.port());
 }
 
 // ---- the Responses route: 64 concurrent streams (some forcing a tool call), about 20% of them
