@@ -206,10 +206,13 @@ api_result<std::unique_ptr<completion_job>> completion_job::start(const served_m
     auto budget = budget_for(m, opts);
     if (!budget) return budget.error();
     if (*budget) {
-        // The forced shapes start with their own first byte: they leave no room for reasoning.
+        // A constrained output after the reasoning (built with open_reasoning: it waits for
+        // "</think>") and the budget that ends the reasoning in time both hold.
         if (g.constraint)
-            return bad_request("thinking", "a thinking budget cannot be combined with a forced tool call or JSON output");
-        g.constraint = std::move(*budget);
+            g.constraint = std::make_shared<budgeted_output>(std::static_pointer_cast<reasoning_budget>(*budget),
+                                                             std::move(g.constraint));
+        else
+            g.constraint = std::move(*budget);
     }
 
     const uint64_t serial = g_serial.fetch_add(1);

@@ -74,7 +74,10 @@ output_constraint::output_constraint(std::shared_ptr<const token_table> table, s
                 break;
             case piece::free:
                 MS_ASSERT_MSG(i == 0, "output_constraint: free text comes first");
-                MS_ASSERT(!p.triggers.empty() && (p.targets.empty() || p.targets.size() == p.triggers.size()));
+                if (p.reasoning_closes)
+                    MS_ASSERT(p.reasoning == reasoning_start::open && p.triggers.empty() && p.targets.empty());
+                else
+                    MS_ASSERT(!p.triggers.empty() && (p.targets.empty() || p.targets.size() == p.triggers.size()));
                 build_free_watch(p);
                 break;
         }
@@ -184,7 +187,7 @@ void output_constraint::build_free_watch(const piece& p) {
                 }
             } else if (cur.phase == reasoning) {
                 if (text.ends_with(k_think_close)) {
-                    to = id_of({content, ""});
+                    to = p.reasoning_closes ? k_fired : id_of({content, ""});
                 } else {
                     std::string held;
                     for (size_t len = std::min(text.size(), k_think_close.size() - 1); len > 0; --len) {
@@ -207,6 +210,9 @@ void output_constraint::build_free_watch(const piece& p) {
     // Roots: nothing held in the reasoning or the content; every trigger and "</think>" start
     // with '<', so a token without one stays there.
     watch_root_.assign(states.size(), 0);
+    watch_close_left_.assign(states.size(), 0);
+    for (size_t s = 0; s < states.size(); ++s)
+        if (states[s].phase == reasoning) watch_close_left_[s] = uint8_t(k_think_close.size() - states[s].held.size());
     for (size_t s = 0; s < states.size(); ++s) {
         if (states[s].phase == start || !states[s].held.empty()) continue;
         for (const auto& t : p.triggers) MS_ASSERT(!t.empty() && t[0] == '<');
@@ -260,7 +266,9 @@ void output_constraint::settle_costs() {
                     break;
                 }
                 case piece::name: c = name_rest(i); break;
-                case piece::free: c = 0; break;  // free text may end at any token
+                case piece::free:  // free text may end at any token; the reasoning at its closing
+                    c = p.reasoning_closes ? add_cost(uint32_t(k_think_close.size()), entry_cost_[i + 1]) : 0;
+                    break;
             }
             if (c != entry_cost_[i]) entry_cost_[i] = c, changed = true;
         }
@@ -351,7 +359,8 @@ uint32_t output_constraint::cost_of(const cursor& c) const {
             const size_t own = p.schema ? c.schema.min_bytes_to_complete() : c.json.min_bytes_to_complete();
             return add_cost(uint32_t(std::min<size_t>(own, k_infinite)), entry_cost_[after(c.piece, p.next)]);
         }
-        case piece::free: return 0;
+        case piece::free:
+            return p.reasoning_closes ? add_cost(watch_close_left_[c.pos], entry_cost_[c.piece + 1]) : 0;
     }
     return 0;
 }
@@ -422,15 +431,22 @@ void output_constraint::allowed_free(std::span<uint8_t> mask, uint64_t limit) co
     const token_table& t = *table_;
     const size_t vocab = std::min(mask.size(), size_t(t.vocab()));
     if (watch_root_[cur_.pos]) {
-        // Nothing may become a marker yet: only a token with a '<' can change that.
-        std::copy_n(t.ordinary_mask().begin(), vocab, mask.begin());
-        for (int32_t id : t.with_angle().ids)
-            if (size_t(id) < vocab) mask[size_t(id)] = 0;
+        // Nothing may become a marker yet: only a token with a '<' can change that (and the cost,
+        // the same for every other token, decides them all).
+        if (cost_of(cur_) <= limit) {
+            std::copy_n(t.ordinary_mask().begin(), vocab, mask.begin());
+            for (int32_t id : t.with_angle().ids)
+                if (size_t(id) < vocab) mask[size_t(id)] = 0;
+        }
         mark(t.with_angle(), limit, mask);
     } else {
         mark(t.ordinary_tokens(), limit, mask);
     }
-    mark(t.added(), limit, mask);
+    // Free text may end or hold any added token; reasoning before a shape only the markers.
+    if (pieces_[cur_.piece].reasoning_closes)
+        for (int32_t m : markers_) mark_one(m, limit, mask);
+    else
+        mark(t.added(), limit, mask);
 }
 
 void output_constraint::mark(const token_table::sorted_tokens& list, uint64_t limit, std::span<uint8_t> mask) const {
@@ -468,7 +484,7 @@ bool output_constraint::allows(int32_t token) const {
     const std::string_view bytes = table_->bytes(token);
     if (bytes.empty()) return false;
     const bool marker = std::find(markers_.begin(), markers_.end(), token) != markers_.end();
-    if (!table_->ordinary(token) && !marker && !free()) return false;
+    if (!table_->ordinary(token) && !marker && (!free() || pieces_[cur_.piece].reasoning_closes)) return false;
     cursor c = cur_;
     return feed(c, bytes) && cost_of(c) <= cost_limit();
 }
@@ -491,6 +507,15 @@ piece text_piece(std::string s, uint32_t next = output_constraint::k_next) {
     p.kind = piece::text;
     p.literal = std::move(s);
     p.next = next;
+    return p;
+}
+
+// The reasoning an output starts in, up to its "</think>", before a forced shape.
+piece reasoning_piece() {
+    piece p;
+    p.kind = piece::free;
+    p.reasoning = output_constraint::reasoning_start::open;
+    p.reasoning_closes = true;
     return p;
 }
 
@@ -521,7 +546,7 @@ std::unique_ptr<output_constraint> json_output_constraint(std::shared_ptr<const 
                                                           bool close_reasoning) {
     if (!close_reasoning) return json_object_constraint(std::move(table), limits, std::move(schema));
     std::vector<piece> pieces;
-    pieces.push_back(text_piece(std::string(k_think_close)));
+    pieces.push_back(reasoning_piece());
     pieces.emplace_back();
     pieces[1].kind = piece::json;
     pieces[1].schema = std::move(schema);
@@ -554,11 +579,9 @@ std::unique_ptr<output_constraint> tool_call_constraint(std::shared_ptr<const to
         pieces.push_back(text_piece(std::string(k_call_begin)));  // 1
         call = 2;
     } else {
-        std::string opening;
-        if (options.reasoning == reasoning::open) opening = k_think_close;
-        opening += std::string(k_calls_begin) + std::string(k_call_begin);
-        pieces.push_back(text_piece(opening));
-        call = 1;
+        if (options.reasoning == reasoning::open) pieces.push_back(reasoning_piece());
+        pieces.push_back(text_piece(std::string(k_calls_begin) + std::string(k_call_begin)));
+        call = uint32_t(pieces.size());
     }
     pieces.push_back(text_piece("function" + std::string(k_sep)));  // call
     piece name;

@@ -11,8 +11,9 @@
 //      <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 //    NAME one of the allowed names exactly, ARGS a JSON object following NAME's schema (any
 //    object for a tool without one). One call even when parallel_tool_calls is true.
-//    The output starts with the call: the model does not reason first (an output that starts
-//    inside the reasoning closes it first: "</think>").
+//    The output starts with the call; an output that starts inside the reasoning reasons first,
+//    freely, and the call follows its "</think>" at once (the token limit, or a reasoning budget
+//    beside it, closes the reasoning in time).
 //  - strict tools under tool_choice auto (lazy): the output is free (text, reasoning, the end of
 //    sequence) until it starts a tool-call section the way the output parser recognises one
 //    (server/output_parser.h: "<｜tool▁calls▁begin｜>" or "<｜tool▁call▁begin｜>" in content, not
@@ -96,6 +97,10 @@ class output_constraint final : public token_constraint {
         std::shared_ptr<const json_schema> schema;  // json: null = any object
         std::vector<std::string> triggers;          // free: texts in content that end it
         reasoning_start reasoning = reasoning_start::none;  // free
+        // free, with reasoning open and no triggers: the reasoning runs until "</think>", which
+        // ends the piece (a forced shape after the reasoning). Nothing else ends the output in
+        // it, and its cost counts the closing's bytes, so a token limit closes it in time.
+        bool reasoning_closes = false;
         uint32_t next = k_next;                     // text, json
     };
     // `markers`: added tokens that may stand for their bytes inside text and name pieces. At most
@@ -157,6 +162,7 @@ class output_constraint final : public token_constraint {
     std::vector<uint32_t> entry_cost_;              // per piece (+ the end): the cost from its start
     std::vector<uint8_t> watch_;                    // free: [state * 256 + byte] -> state, or k_fired + trigger
     std::vector<uint8_t> watch_root_;               // free: states no token without '<' leaves
+    std::vector<uint8_t> watch_close_left_;         // free: bytes of "</think>" left from each state
     uint8_t watch_start_ = 0;
     std::vector<int32_t> markers_;
     constraint_limits limits_;
@@ -170,8 +176,8 @@ class output_constraint final : public token_constraint {
 std::unique_ptr<output_constraint> json_object_constraint(std::shared_ptr<const token_table> table,
                                                           constraint_limits limits,
                                                           std::shared_ptr<const json_schema> schema = nullptr);
-// The same for a reply that may start inside the model's reasoning: with `close_reasoning` it
-// closes it first ("</think>", the vocabulary's marker token or spelled).
+// The same for a reply that may start inside the model's reasoning: with `close_reasoning` the
+// object follows the reasoning's "</think>" (the vocabulary's marker token or spelled).
 std::unique_ptr<output_constraint> json_output_constraint(std::shared_ptr<const token_table> table,
                                                           const tokenizer& tok, constraint_limits limits,
                                                           std::shared_ptr<const json_schema> schema,
@@ -189,7 +195,7 @@ struct tool_call_options {
     bool lazy = false;      // free text until the model starts a call (see the header comment)
     bool parallel = false;  // further calls may follow the first (lazy only)
     // Where the output starts relative to the reasoning: lazy follows it; a forced call (or
-    // JSON) inside an open reasoning closes it first.
+    // JSON) inside an open reasoning follows its "</think>".
     output_constraint::reasoning_start reasoning = output_constraint::reasoning_start::none;
 };
 std::unique_ptr<output_constraint> tool_call_constraint(std::shared_ptr<const token_table> table, const tokenizer& tok,

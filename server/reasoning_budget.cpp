@@ -102,4 +102,21 @@ void reasoning_budget::accept(int32_t token) {
     feed(table_->bytes(token));
 }
 
+budgeted_output::budgeted_output(std::shared_ptr<reasoning_budget> budget, std::shared_ptr<token_constraint> output)
+    : budget_(std::move(budget)), output_(std::move(output)) {
+    MS_ASSERT(budget_ && output_);
+}
+
+void budgeted_output::allowed(std::span<uint8_t> mask) const {
+    output_->allowed(mask);
+    budget_mask_.resize(mask.size());
+    budget_->allowed(budget_mask_);
+    for (size_t i = 0; i < mask.size(); ++i) mask[i] &= budget_mask_[i];
+}
+
+void budgeted_output::accept(int32_t token) {
+    budget_->accept(token);
+    output_->accept(token);
+}
+
 }  // namespace moestream::server

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "scheduler/token_constraint.h"
 #include "server/token_table.h"
@@ -59,6 +60,29 @@ class reasoning_budget final : public token_constraint {
     int64_t used_ = 0;
     size_t matched_ = 0;  // bytes of "</think>" the output ends with (the longest such prefix)
     bool closed_ = false;
+};
+
+// A reasoning budget together with the constraint of what follows the reasoning (a forced call,
+// JSON, strict tools: server/output_constraint.h, built for an output that starts inside the
+// reasoning): a token is allowed only if both allow it, and both accept every token. The budget
+// ends the reasoning in time; the output constraint lets it run (a forced shape waits for
+// "</think>" and closes it itself when its token limit gets near) and alone ends the request.
+// Their masks always meet: while the budget is closing, its one token continues "</think>",
+// which the output constraint allows there.
+class budgeted_output final : public token_constraint {
+  public:
+    budgeted_output(std::shared_ptr<reasoning_budget> budget, std::shared_ptr<token_constraint> output);
+
+    void allowed(std::span<uint8_t> mask) const override;
+    void accept(int32_t token) override;
+    bool done() const override { return output_->done(); }
+
+    const reasoning_budget& budget() const { return *budget_; }
+
+  private:
+    std::shared_ptr<reasoning_budget> budget_;
+    std::shared_ptr<token_constraint> output_;
+    mutable std::vector<uint8_t> budget_mask_;
 };
 
 }  // namespace moestream::server

@@ -391,12 +391,8 @@ reasoning_plan reasoning_plan_of(const responses_request& r) {
     const std::string& effort = r.echo.reasoning_effort;
     if (effort.empty() || effort == "none") return plan;
     plan.open = true;
-    const auto& g = r.generation;
-    const bool tools_on = !g.tools.empty() && g.choice.kind != tool_choice::none;
-    const bool forced = tools_on && (g.choice.kind == tool_choice::required || g.choice.kind == tool_choice::function);
-    bool strict = false;
-    for (const auto& t : g.tools) strict = strict || t.strict;
-    if (forced || (tools_on && strict) || r.constraint.format != output_format::text) return plan;
+    // A forced call, JSON output or a strict tool's call follows the reasoning, which keeps its
+    // budget (completion_job combines the two: server/reasoning_budget.h budgeted_output).
     plan.budget = effort == "minimal" ? 512 : effort == "low" ? 2048 : effort == "medium" ? 8192 : effort == "high" ? 32768 : -1;
     return plan;
 }

@@ -225,6 +225,47 @@ BOOST_FIXTURE_TEST_CASE(thinking_budget_and_blocks, open_server) {
     BOOST_TEST(json_doc(count.body).integer({"input_tokens"}) == usage_total(d));
 }
 
+// Thinking with a strict tool under tool_choice auto (what Claude Code sends, with strict tools):
+// the reasoning keeps its budget, and a call after it would follow the schema.
+BOOST_FIXTURE_TEST_CASE(thinking_with_strict_tools, open_server) {
+    http_client c(srv.port());
+    const auto r = c.post(
+        "/v1/messages",
+        messages_body("Weather?", 40,
+                      R"("thinking":{"type":"enabled","budget_tokens":6},"tools":[{"name":"get_weather","strict":true,)"
+                      R"("input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}])"));
+    BOOST_TEST_REQUIRE(r.status == 200, r.body);
+    json_doc d(r.body);
+    BOOST_TEST(d.str({"content", "0", "type"}) == "thinking", r.body);
+    // The reasoning closed within six tokens, so more follows it when the reply ran to 40.
+    if (d.str({"stop_reason"}) == "max_tokens") BOOST_TEST(d.length({"content"}) >= 2, r.body);
+    for (int64_t i = 1; i < d.length({"content"}); ++i)
+        if (d.str({"content", std::to_string(i), "type"}) == "tool_use")
+            BOOST_TEST(d.has({"content", std::to_string(i), "input", "city"}), r.body);
+}
+
+// A schema error names the field of this route, tools[i].input_schema, in the message.
+BOOST_FIXTURE_TEST_CASE(schema_errors_name_the_input_schema, open_server) {
+    http_client c(srv.port());
+    auto message_of = [](const http_reply& r) { return json_doc(r.body).str({"error", "message"}); };
+    // A forced call compiles a non-strict schema leniently, but a schema that is not one is refused.
+    const auto forced = c.post(
+        "/v1/messages",
+        messages_body("Weather?", 40,
+                      R"("tools":[{"name":"get_weather","input_schema":{"type":"object","properties":{"city":{"type":"thing"}}}}],)"
+                      R"("tool_choice":{"type":"any"})"));
+    check_anthropic_error(forced, 400, "invalid_request_error");
+    BOOST_TEST(message_of(forced).starts_with("tools[0].input_schema.properties.city.type: "), forced.body);
+    // A strict tool under auto, the second one: the keyword it cannot enforce.
+    const auto strict = c.post(
+        "/v1/messages",
+        messages_body("Weather?", 40,
+                      R"("tools":[{"name":"a","input_schema":{"type":"object"}},{"name":"w","strict":true,)"
+                      R"("input_schema":{"type":"object","properties":{"city":{"type":"string","pattern":"^[A-Z]"}}}}])"));
+    check_anthropic_error(strict, 400, "invalid_request_error");
+    BOOST_TEST(message_of(strict).starts_with("tools[1].input_schema.properties.city.pattern: "), strict.body);
+}
+
 BOOST_FIXTURE_TEST_CASE(forced_tool_stream, open_server) {
     raw_connection conn(srv.port());
     const std::string body =

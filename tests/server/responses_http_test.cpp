@@ -5,6 +5,7 @@
 #include <boost/test/unit_test.hpp>
 #include <string>
 
+#include "json_schema_validator.h"
 #include "responses_stream_check.h"
 #include "server/responses_store.h"
 #include "server_fixture.h"
@@ -172,6 +173,55 @@ BOOST_AUTO_TEST_CASE(reasoning_effort_thinks_within_its_budget) {
     const auto plain = stream(R"({"input":"Answer.","max_output_tokens":8,"stream":true})", "no effort");
     BOOST_TEST_REQUIRE(plain.ok);
     BOOST_TEST(plain.reasoning_tokens == 0);
+}
+
+// A forced call after budgeted reasoning: the reply reasons first (within "minimal"'s 512
+// tokens), then makes the call, whose arguments follow the schema; with a token limit below the
+// budget the reasoning is closed in time for the call.
+BOOST_AUTO_TEST_CASE(reasoning_effort_then_a_forced_call) {
+    const std::string schema =
+        R"({"type":"object","properties":{"city":{"type":"string","maxLength":12}},"required":["city"],"additionalProperties":false})";
+    for (int limit : {700, 120}) {
+        const auto got = stream(R"({"input":"Weather in Paris?","stream":true,"reasoning":{"effort":"minimal"},)"
+                                R"("tool_choice":"required","max_output_tokens":)" +
+                                    std::to_string(limit) + R"(,"tools":[{"type":"function","name":"get_weather",)"
+                                                            R"("parameters":)" + schema + "}]}",
+                                "effort and a forced call, limit " + std::to_string(limit));
+        BOOST_TEST_REQUIRE(got.ok);
+        BOOST_TEST(got.status == "completed", limit);
+        BOOST_TEST(!got.reasoning.empty(), limit << ": no reasoning before the call");
+        BOOST_TEST(got.reasoning_tokens > 0);
+        BOOST_TEST(got.reasoning_tokens <= 512 + 2, "the reasoning ran past its budget: " << got.reasoning_tokens);
+        BOOST_TEST(got.output_tokens <= limit);
+        BOOST_TEST_REQUIRE(got.calls.size() == 1u, limit);
+        BOOST_TEST(got.calls[0].first == "get_weather");
+        BOOST_TEST(schema_validator(schema).check(got.calls[0].second) == "", got.calls[0].second);
+    }
+}
+
+// A strict function tool under tool_choice auto: its schema is compiled exactly (an unsupported
+// keyword is a 400 naming the Responses field) and the reasoning before any call keeps its budget.
+BOOST_AUTO_TEST_CASE(strict_tools_under_auto) {
+    const std::string patterned =
+        R"({"type":"function","name":"w","strict":true,"parameters":{"type":"object","properties":{"city":)"
+        R"({"type":"string","pattern":"^[A-Z]"}},"required":["city"]}})";
+    check_api_error(post(R"({"input":"x","max_output_tokens":4,"tools":[)" + k_weather_tool + "," + patterned + "]}"),
+                    400, "invalid_request_error", "tools[1].parameters.properties.city.pattern");
+    // Not strict: only shown to the model under auto.
+    std::string lenient = patterned;
+    lenient.replace(lenient.find(R"("strict":true,)"), 14, "");
+    BOOST_TEST(post(R"({"input":"x","max_output_tokens":4,"tools":[)" + lenient + "]}").status == 200);
+
+    const auto got = stream(R"({"input":"Think, then answer.","stream":true,"reasoning":{"effort":"minimal"},)"
+                            R"("max_output_tokens":600,"tools":[)" +
+                                k_weather_tool.substr(0, k_weather_tool.size() - 1) + R"(,"strict":true}]})",
+                            "effort and a strict tool");
+    BOOST_TEST_REQUIRE(got.ok);
+    BOOST_TEST(!got.reasoning.empty());
+    BOOST_TEST(got.reasoning_tokens > 0);
+    BOOST_TEST(got.reasoning_tokens <= 512 + 2, "the reasoning ran past its budget: " << got.reasoning_tokens);
+    const schema_validator weather(R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]})");
+    for (const auto& [name, args] : got.calls) BOOST_TEST(weather.check(args) == "", name << ": " << args);
 }
 
 BOOST_AUTO_TEST_CASE(json_output) {

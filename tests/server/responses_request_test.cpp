@@ -262,12 +262,12 @@ BOOST_AUTO_TEST_CASE(reasoning_effort_plans_the_thinking) {
     BOOST_TEST(plan(R"("reasoning":{"effort":"minimal"})").budget == 512);
     BOOST_TEST(plan(R"("reasoning":{"effort":"high"})").budget == 32768);
     BOOST_TEST(plan(R"("reasoning":{"effort":"xhigh"})").budget == -1, "no limit");
-    // A forced shape closes the reasoning itself: no budget on top.
+    // A constrained shape follows the reasoning, which keeps its budget.
     const auto forced = plan(R"("reasoning":{"effort":"low"},"tools":[)" + k_tool + R"(],"tool_choice":"required")");
     BOOST_TEST(forced.open);
-    BOOST_TEST(forced.budget == -1);
-    BOOST_TEST(plan(R"("reasoning":{"effort":"low"},"text":{"format":{"type":"json_object"}})").budget == -1);
-    BOOST_TEST(plan(R"("reasoning":{"effort":"low"},"tools":[)" + k_tool + "]").budget == -1, "a strict tool");
+    BOOST_TEST(forced.budget == 2048);
+    BOOST_TEST(plan(R"("reasoning":{"effort":"low"},"text":{"format":{"type":"json_object"}})").budget == 2048);
+    BOOST_TEST(plan(R"("reasoning":{"effort":"low"},"tools":[)" + k_tool + "]").budget == 2048, "a strict tool");
 }
 
 BOOST_AUTO_TEST_CASE(previous_response_id_alone_is_enough) {
