@@ -1,10 +1,14 @@
 # One CMake library per top-level folder. Sources are globbed so that adding a file needs no
 # edit here; dependencies are declared explicitly and only flow one way:
 #   server -> scheduler -> {model, storage, spec}; spec -> model; config <- everyone.
+# EXCLUDE names subfolders whose sources form a library of their own (model/cuda).
 function(moestream_module name)
-  cmake_parse_arguments(ARG "" "" "DEPS;SYSTEM_DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "" "" "DEPS;SYSTEM_DEPS;EXCLUDE" ${ARGN})
   file(GLOB_RECURSE srcs CONFIGURE_DEPENDS
        "${CMAKE_CURRENT_SOURCE_DIR}/*.cpp")
+  foreach(dir ${ARG_EXCLUDE})
+    list(FILTER srcs EXCLUDE REGEX "^${CMAKE_CURRENT_SOURCE_DIR}/${dir}/")
+  endforeach()
   if(srcs)
     add_library(${name} STATIC ${srcs})
     target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})

@@ -10,13 +10,14 @@
 #include <cstdint>
 
 #include "model/bf16.h"
+#include "model/numeric.h"
 
 namespace moestream {
 
 inline constexpr int64_t kKeyChunk = 32;
 
-// The storage index of value d of an n-value key.
-inline int64_t key_word(int64_t d, int64_t n) {
+// The storage index of value d of an n-value key (the CUDA kernels use it too).
+MS_HD int64_t key_word(int64_t d, int64_t n) {
     const int64_t chunk = d - d % kKeyChunk;
     if (chunk + kKeyChunk > n) return d;  // the partial tail chunk: in order
     const int64_t j = d % kKeyChunk;

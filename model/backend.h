@@ -280,14 +280,23 @@ class backend_array {
     }
     // Room for n values; previous contents are lost when the allocation grows.
     void resize(size_t n) {
+        const bool ok = try_resize(n);
+        MS_ASSERT_MSG(ok, "backend memory exhausted");
+    }
+    // As resize(), but false (and empty) when the backend has no room: for sizes a user chose.
+    bool try_resize(size_t n) {
         if (n > cap_) {
             MS_ASSERT(be_ != nullptr);
             if (p_) be_->release(p_);
             p_ = static_cast<T*>(be_->allocate(n * sizeof(T)));
-            MS_ASSERT_MSG(p_ != nullptr, "backend memory exhausted");
-            cap_ = n;
+            cap_ = p_ ? n : 0;
+            if (!p_) {
+                n_ = 0;
+                return false;
+            }
         }
         n_ = n;
+        return true;
     }
     T* data() { return p_; }
     const T* data() const { return p_; }

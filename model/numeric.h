@@ -69,9 +69,13 @@ struct minifloat {
     int bias;
     uint32_t max_code;
 };
-inline constexpr minifloat kF16{10, 15, 0x7bff};
-inline constexpr minifloat kE4m3{3, 7, 0x7e};  // 0x7f is NaN, so 0x7e (448) is the largest
-inline constexpr minifloat kE2m1{1, 1, 0x7};
+// As functions, which device code can call (it cannot read a host constant of class type).
+MS_HD minifloat f16_format() { return {10, 15, 0x7bff}; }
+MS_HD minifloat e4m3_format() { return {3, 7, 0x7e}; }  // 0x7f is NaN, so 0x7e (448) is the largest
+MS_HD minifloat e2m1_format() { return {1, 1, 0x7}; }
+inline constexpr minifloat kF16 = f16_format();
+inline constexpr minifloat kE4m3 = e4m3_format();
+inline constexpr minifloat kE2m1 = e2m1_format();
 
 // Round-to-nearest-even of the positive finite fp32 `a` into `fmt`, returning the magnitude code
 // before any overflow handling (may exceed max_code; the caller saturates or makes inf). Works on
@@ -115,9 +119,10 @@ MS_HD uint8_t e4m3_code(float f) {
     const uint8_t sign = (bits >> 31) ? 0x80 : 0x00;
     const uint32_t abs = bits & 0x7fffffffu;
     if (abs > 0x7f800000u) return uint8_t(sign | 0x7f);
-    if (abs == 0x7f800000u) return uint8_t(sign | kE4m3.max_code);  // saturating: no inf in e4m3
-    const uint32_t code = encode_minifloat(bits_float(abs), kE4m3);
-    return uint8_t(sign | (code < kE4m3.max_code ? code : kE4m3.max_code));
+    constexpr minifloat fmt = e4m3_format();
+    if (abs == 0x7f800000u) return uint8_t(sign | fmt.max_code);  // saturating: no inf in e4m3
+    const uint32_t code = encode_minifloat(bits_float(abs), fmt);
+    return uint8_t(sign | (code < fmt.max_code ? code : fmt.max_code));
 }
 
 // 2^(e-127); 0xff is NaN; e = 0 is the fp32 subnormal 2^-127, still exact.
@@ -145,9 +150,10 @@ MS_HD uint8_t e2m1_code(float f) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return 0;
     const uint8_t sign = (bits >> 31) ? 0x8 : 0x0;
     const float a = bits_float(bits & 0x7fffffffu);
-    if (a >= 6.0f) return uint8_t(sign | kE2m1.max_code);  // also catches inf
-    const uint32_t code = encode_minifloat(a, kE2m1);
-    return uint8_t(sign | (code < kE2m1.max_code ? code : kE2m1.max_code));
+    constexpr minifloat fmt = e2m1_format();
+    if (a >= 6.0f) return uint8_t(sign | fmt.max_code);  // also catches inf
+    const uint32_t code = encode_minifloat(a, fmt);
+    return uint8_t(sign | (code < fmt.max_code ? code : fmt.max_code));
 }
 
 // 2^(e-128) exactly, the scale matching e2m1_doubled; NaN for e = 0xff. e <= 1 yields fp32

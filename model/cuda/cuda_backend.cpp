@@ -1,0 +1,519 @@
+// The CUDA backend's host side: device memory, the staging ring that carries uploads and op
+// descriptors, and each op's launch (kernels in the .cu files of this folder, behind kernels.h).
+// Compiled by the host compiler: no kernel code and no Asio here.
+#include "model/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "config/assert.h"
+#include "model/cuda/kernels.h"
+
+namespace moestream::cuda {
+namespace {
+
+// A CUDA error inside an op is a bug or a dead device: say which call failed and stop (ops
+// return nothing; expected failures, such as running out of memory in allocate(), are values).
+void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    std::fprintf(stderr, "moestream: CUDA error in %s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    std::fflush(stderr);
+    std::abort();
+}
+
+std::string gib(size_t bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(size_t(1) << 30));
+    return buf;
+}
+
+constexpr size_t kAlign = 256;
+// Every allocation has this much slack after its end: the matmul kernels read quantized blocks
+// with aligned words, which may reach a few bytes past a row's last byte.
+constexpr size_t kPad = 64;
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+class cuda_backend final : public backend {
+  public:
+    cuda_backend(device_info info, cudaStream_t stream, uint8_t* host_stage, uint8_t* dev_stage, size_t stage_bytes,
+                 unsigned int* bad_keys)
+        : info_(std::move(info)),
+          stream_(stream),
+          host_stage_(host_stage),
+          dev_stage_(dev_stage),
+          stage_bytes_(stage_bytes),
+          bad_keys_(bad_keys) {}
+
+    ~cuda_backend() override {
+        cudaStreamSynchronize(stream_);
+        for (auto& s : scratch_)
+            if (s.p) cudaFree(s.p);
+        cudaFree(dev_stage_);
+        cudaFreeHost(host_stage_);
+        cudaFree(bad_keys_);
+        cudaStreamDestroy(stream_);
+    }
+
+    const char* name() const override { return "cuda"; }
+    cudaStream_t stream() const { return stream_; }
+    std::string device_description() const override { return info_.describe(); }
+    int threads() const override { return info_.multiprocessors; }
+    const backend_stats& stats() const { return stats_; }
+
+    // ---- memory ----
+    void* allocate(size_t bytes) override {
+        void* p = nullptr;
+        const size_t size = round_up(bytes + kPad, kAlign);
+        if (cudaMalloc(&p, size) != cudaSuccess) {
+            (void)cudaGetLastError();  // clear the out-of-memory error: the caller sees nullptr
+            return nullptr;
+        }
+        check(cudaMemsetAsync(p, 0, size, stream_), "cudaMemsetAsync (allocate)");
+        stats_.bytes_allocated += size;
+        return p;
+    }
+    void release(void* p) override {
+        if (!p) return;
+        // cudaFree waits for the device, so no queued op can still read the memory.
+        check(cudaFree(p), "cudaFree");
+    }
+    void upload(void* dst, const void* src, size_t bytes) override {
+        if (bytes == 0) return;
+        ++stats_.uploads;
+        if (bytes <= stage_bytes_ / 4) {
+            const size_t at = take_stage(bytes);
+            std::memcpy(host_stage_ + at, src, bytes);
+            check(cudaMemcpyAsync(dst, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+        } else {
+            // Large (weights at load, a long prompt's rows): from pageable memory, which the
+            // driver copies before returning.
+            check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+        }
+    }
+    void download(void* dst, const void* src, size_t bytes) override {
+        ++stats_.downloads;
+        if (bytes <= stage_bytes_ / 4) {
+            const size_t at = take_stage(bytes);
+            if (bytes) check(cudaMemcpyAsync(host_stage_ + at, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+            synchronize();
+            if (bytes) std::memcpy(dst, host_stage_ + at, bytes);
+        } else {
+            check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+            synchronize();
+        }
+    }
+    void copy(void* dst, const void* src, size_t bytes) override {
+        if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+    }
+    void fill(void* dst, uint8_t byte, size_t bytes) override {
+        if (bytes) check(cudaMemsetAsync(dst, byte, bytes, stream_), "fill");
+    }
+    void synchronize() override {
+        // The store_keys counter of non-bf16 keys rides along with every wait.
+        check(cudaMemcpyAsync(&bad_keys_seen_, bad_keys_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
+              "synchronize");
+        check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
+        stage_at_ = 0;  // every staged copy has finished
+    }
+    bool host_memory() const override { return false; }
+
+    // ---- matmuls and sums ----
+    void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
+                bool round) override {
+        const matmul_job job{w, x, x_stride, n, y, y_stride, round};
+        matmul_batch({&job, 1});
+    }
+
+    void matmul_batch(std::span<const matmul_job> jobs) override {
+        // One launch per weight type present (a layer's MXFP4 experts, its Q8_0 shared expert...).
+        for (ggml_type type : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4}) {
+            mm_jobs_.clear();
+            int64_t blocks = 0;
+            size_t shared = 0;
+            for (const auto& j : jobs) {
+                if (j.w.type != type || j.n == 0) continue;
+                MS_ASSERT(!j.w.empty() && j.x && j.y);
+                kernels::mm_job k;
+                k.w = static_cast<const uint8_t*>(j.w.data);
+                k.rows = j.w.rows;
+                k.cols = j.w.cols;
+                k.row_bytes = int64_t(j.w.row_stride);
+                k.x = j.x;
+                k.x_stride = j.x_stride;
+                k.y = j.y;
+                k.y_stride = j.y_stride;
+                k.n = int32_t(j.n);
+                k.flags = (j.round_bf16 ? kernels::kRound : 0u) | (j.router_scores ? kernels::kRouterScore : 0u);
+                if (!j.up.empty()) {
+                    MS_ASSERT_MSG(j.up.type == j.w.type && j.up.rows == j.w.rows && j.up.cols == j.w.cols &&
+                                      j.up.row_stride == j.w.row_stride && j.u != nullptr,
+                                  "swiglu pair: gate and up differ in shape");
+                    k.up = static_cast<const uint8_t*>(j.up.data);
+                    k.u = j.u;
+                    k.u_stride = j.u_stride;
+                    k.swiglu_w = j.swiglu_w;
+                    k.swiglu_limit = j.swiglu_limit;
+                    k.flags |= kernels::kSwiglu;
+                }
+                k.first_block = blocks;
+                const int64_t job_blocks = kernels::plan_matmul(k);
+                MS_ASSERT_MSG(job_blocks >= 0, "matmul: rows too long for the kernel's shared memory");
+                blocks += job_blocks;
+                shared = std::max(shared, kernels::matmul_shared_bytes(k.n, k.cols));
+                mm_jobs_.push_back(k);
+            }
+            if (mm_jobs_.empty()) continue;
+            const auto* dev = stage_array(mm_jobs_);
+            launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), blocks, shared), "matmul");
+        }
+        for (const auto& j : jobs)
+            MS_ASSERT_MSG(j.n == 0 || j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||
+                              j.w.type == ggml_type::bf16 || j.w.type == ggml_type::q8_0 || j.w.type == ggml_type::mxfp4,
+                          "matmul: weight type without a CUDA kernel");
+    }
+
+    void output_sum(std::span<const output_term> terms, int64_t n, int64_t dim, float* f,
+                    const hc_update* upd) override {
+        MS_ASSERT(n >= 0 && dim > 0 && f != nullptr);
+        if (n == 0) return;
+        // Terms with weights: their rows y = bf16(W h) first, into scratch.
+        int64_t y_rows = 0;
+        for (const auto& t : terms)
+            if (!t.w.empty()) y_rows += t.m;
+        float* y_all = static_cast<float*>(scratch(k_scratch_terms, size_t(y_rows * dim) * sizeof(float)));
+        std::vector<const float*> term_y(terms.size());
+        std::vector<matmul_job> jobs;
+        int64_t at = 0;
+        for (size_t i = 0; i < terms.size(); ++i) {
+            const auto& t = terms[i];
+            MS_ASSERT(t.m >= 0 && t.m <= n);
+            if (t.w.empty()) {
+                MS_ASSERT_MSG(t.y != nullptr || t.m == 0, "output_sum: a term needs W or y");
+                term_y[i] = t.y;
+                continue;
+            }
+            MS_ASSERT_MSG(t.w.rows == dim && t.h != nullptr, "output_sum: a term's W must have dim rows");
+            term_y[i] = y_all + at * dim;
+            jobs.push_back({t.w, t.h, t.w.cols, t.m, y_all + at * dim, dim, true});
+            at += t.m;
+        }
+        matmul_batch(jobs);
+        // Each output row's contributions in the terms' order (a term adds to a row at most once).
+        std::vector<std::vector<const float*>>& per_row = per_row_;
+        per_row.resize(size_t(n));
+        for (auto& v : per_row) v.clear();
+        for (size_t i = 0; i < terms.size(); ++i)
+            for (int64_t k = 0; k < terms[i].m; ++k) {
+                const int64_t r = terms[i].rows ? terms[i].rows[k] : k;
+                MS_ASSERT(r >= 0 && r < n);
+                per_row[size_t(r)].push_back(term_y[i] + k * dim);
+            }
+        std::vector<const float*> src;
+        std::vector<int64_t> starts(1, 0);
+        for (const auto& v : per_row) {
+            src.insert(src.end(), v.begin(), v.end());
+            starts.push_back(int64_t(src.size()));
+        }
+        const auto* src_dev = stage_array(src);
+        const auto* starts_dev = stage_array(starts);
+        hc_update u{};
+        if (upd) {
+            MS_ASSERT(upd->H && upd->post && upd->comb && upd->hc >= 1 && (!upd->next || upd->pre));
+            u = *upd;
+        }
+        launch(kernels::sum_rows(stream_, src_dev, starts_dev, n, dim, f, u), "sum_rows");
+    }
+
+    // ---- element-wise ----
+    void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y, bool round) override {
+        launch(kernels::rms_norm(stream_, x, n, dim, w, eps, y, round), "rms_norm");
+    }
+    void round_bf16(float* x, int64_t count) override { launch(kernels::round_bf16(stream_, x, count), "round_bf16"); }
+    void scale_round(float* x, int64_t count, float s) override {
+        launch(kernels::scale_round(stream_, x, count, s), "scale_round");
+    }
+    void add(float* y, const float* x, int64_t count) override { launch(kernels::add(stream_, y, x, count), "add"); }
+    void rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
+              const int64_t* pos, const float* freqs, bool inverse) override {
+        MS_ASSERT(rope_dim % 2 == 0 && rope_dim <= head_dim);
+        launch(kernels::rope(stream_, x, n, row_stride, n_heads, head_dim, rope_dim, pos, freqs, inverse), "rope");
+    }
+    void embed(const weight_view& table, const int32_t* tokens, int64_t n, int copies, float* out) override {
+        launch(kernels::embed(stream_, table.type, static_cast<const uint8_t*>(table.data), int64_t(table.row_stride),
+                              table.cols, tokens, n, copies, out),
+               "embed");
+    }
+    void stream_mean(const float* H, int64_t n, int hc, int64_t dim, float* out, int64_t out_stride) override {
+        launch(kernels::stream_mean(stream_, H, n, hc, dim, out, out_stride), "stream_mean");
+    }
+    void copy_rows(std::span<const row_copy> jobs, int64_t count) override {
+        if (jobs.empty()) return;
+        launch(kernels::copy_rows(stream_, stage_span(jobs), int64_t(jobs.size()), count), "copy_rows");
+    }
+    void gather_rows(const float* src, int64_t src_stride, const int64_t* rows, int64_t m, int64_t dim,
+                     float* dst) override {
+        if (m == 0) return;
+        const auto* rows_dev = stage_span(std::span<const int64_t>(rows, size_t(m)));
+        launch(kernels::gather_rows(stream_, src, src_stride, rows_dev, m, dim, dst), "gather_rows");
+    }
+    void pool_pairs(std::span<const pair_pool> jobs, int64_t dim) override {
+        if (jobs.empty()) return;
+        launch(kernels::pool_pairs(stream_, stage_span(jobs), int64_t(jobs.size()), dim), "pool_pairs");
+    }
+    void store_keys(std::span<const key_store> jobs, int64_t head_dim) override {
+        if (jobs.empty()) return;
+        std::vector<int64_t> first(jobs.size());
+        int64_t total = 0;
+        for (size_t i = 0; i < jobs.size(); ++i) {
+            first[i] = total;
+            total += jobs[i].count;
+        }
+        const auto* jobs_dev = stage_span(jobs);
+        const auto* first_dev = stage_array(first);
+        launch(kernels::store_keys(stream_, jobs_dev, first_dev, int64_t(jobs.size()), total, head_dim, bad_keys_),
+               "store_keys");
+    }
+    void dequant_fp8_rows(const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t n, float* out) override {
+        launch(kernels::dequant_fp8_rows(stream_, values, scales, rows, n, out), "dequant_fp8_rows");
+    }
+    void argmax_rows(const float* x, int64_t n, int64_t cols, int32_t* out) override {
+        launch(kernels::argmax_rows(stream_, x, n, cols, out), "argmax_rows");
+    }
+
+    // ---- hyper-connections ----
+    void hc_mixes(const float* H, int64_t n, int hc, int64_t dim, const weight_view& fn, const float* base,
+                  const float* scale, int iters, float hc_eps, float norm_eps, float* pre, float* post, float* comb,
+                  const float* fn_h) override {
+        const int64_t n_mix = (2 + hc) * hc;
+        MS_ASSERT(fn.rows == n_mix && fn.cols == hc * dim && fn.type == ggml_type::f32);
+        if (!fn_h) {
+            float* mix = static_cast<float*>(scratch(k_scratch_mix, size_t(n * n_mix) * sizeof(float)));
+            matmul(fn, H, hc * dim, n, mix, n_mix, false);
+            fn_h = mix;
+        }
+        launch(kernels::hc_mixes(stream_, H, fn_h, n, hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb),
+               "hc_mixes");
+    }
+    void hc_collapse(const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) override {
+        launch(kernels::hc_collapse(stream_, H, n, hc, dim, p, out), "hc_collapse");
+    }
+    void hc_expand(const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post, const float* comb,
+                   float* out) override {
+        launch(kernels::hc_expand(stream_, f, H, n, hc, dim, post, comb, out), "hc_expand");
+    }
+
+    // ---- attention ----
+    void attention(std::span<const attention_row> rows, int n_heads, int64_t head_dim, float scale, const float* sinks,
+                   bool bf16_probs) override {
+        if (rows.empty()) return;
+        int64_t max_keys = 0;
+        for (const auto& a : rows) {
+            MS_ASSERT(a.ring_count >= 0 && a.fresh_count >= 0 && (a.ring_count == 0 || a.ring_capacity > 0));
+            max_keys = std::max(max_keys, a.ring_count + a.fresh_count + a.selection_len);
+        }
+        launch(kernels::attention(stream_, stage_span(rows), int64_t(rows.size()), n_heads, head_dim, scale, sinks,
+                                  bf16_probs, max_keys),
+               "attention");
+    }
+    void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
+                        int64_t n_keys, const int64_t* n_visible, float* scores) override {
+        const auto* vis = stage_span(std::span<const int64_t>(n_visible, size_t(n)));
+        launch(kernels::indexer_scores(stream_, q, w, n, n_heads, head_dim, keys, n_keys, vis, scores), "indexer_scores");
+    }
+    void indexer_select(const indexer_pick& p) override {
+        MS_ASSERT(p.n_total >= 1 && p.topk >= 1);
+        indexer_pick d = p;
+        d.n_visible = stage_span(std::span<const int64_t>(p.n_visible, size_t(p.rows)));
+        float* block_scores = nullptr;
+        if (p.cand == indexer_pick::candidates::source) {
+            const int64_t n_blocks = (p.n_total + p.block_size - 1) / p.block_size;
+            block_scores = static_cast<float*>(scratch(k_scratch_blocks, size_t(p.rows * n_blocks) * sizeof(float)));
+        }
+        launch(kernels::indexer_select(stream_, d, block_scores), "indexer_select");
+    }
+
+    // ---- MoE and the rest ----
+    void route(const float* scores, const float* bias, int64_t n, int n_experts, int k, double route_scale, bool select,
+               int32_t* picks, float* weights) override {
+        launch(kernels::route(stream_, scores, bias, n, n_experts, k, route_scale, select, picks, weights), "route");
+    }
+    void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) override {
+        launch(kernels::swiglu(stream_, g, u, n, inter, limit, w), "swiglu");
+    }
+    void simulate_quant(act_quant_kind kind, float* x, int64_t count) override {
+        launch(kernels::simulate_quant(stream_, kind, x, count), "simulate_quant");
+    }
+    void engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk, float norm_eps) override {
+        launch(kernels::engram_gate(stream_, H, n, hc, dim, kv, qk, norm_eps), "engram_gate");
+    }
+
+  private:
+    void launch(cudaError_t e, const char* what) {
+        ++stats_.launches;
+        check(e, what);
+    }
+
+    // Room for `bytes` in the staging ring (its host half and its device twin share offsets).
+    // A ring that is full waits for the stream: every copy out of it has then finished.
+    size_t take_stage(size_t bytes) {
+        MS_ASSERT_MSG(bytes <= stage_bytes_, "staged data larger than the staging ring");
+        if (stage_at_ + bytes > stage_bytes_) synchronize();
+        const size_t at = stage_at_;
+        stage_at_ = round_up(stage_at_ + bytes, kAlign);
+        return at;
+    }
+    // A host array in device memory, ordered before the next op.
+    template <class T>
+    const T* stage_span(std::span<const T> v) {
+        const size_t bytes = v.size_bytes();
+        if (bytes == 0) return nullptr;
+        const size_t at = take_stage(bytes);
+        std::memcpy(host_stage_ + at, v.data(), bytes);
+        check(cudaMemcpyAsync(dev_stage_ + at, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "stage");
+        return reinterpret_cast<const T*>(dev_stage_ + at);
+    }
+    template <class T>
+    const T* stage_array(const std::vector<T>& v) {
+        return stage_span(std::span<const T>(v));
+    }
+
+    // Grow-only device buffers the ops use internally.
+    enum scratch_slot { k_scratch_terms, k_scratch_mix, k_scratch_blocks, k_scratch_count };
+    void* scratch(scratch_slot slot, size_t bytes) {
+        auto& s = scratch_[slot];
+        if (bytes > s.bytes) {
+            if (s.p) check(cudaFree(s.p), "cudaFree (scratch)");
+            s.p = nullptr;
+            s.bytes = 0;
+            const size_t size = round_up(bytes + kPad, kAlign);
+            check(cudaMalloc(&s.p, size), "cudaMalloc (scratch)");
+            s.bytes = bytes;
+        }
+        return s.p;
+    }
+
+    device_info info_;
+    cudaStream_t stream_;
+    uint8_t* host_stage_;
+    uint8_t* dev_stage_;
+    size_t stage_bytes_;
+    size_t stage_at_ = 0;
+    unsigned int* bad_keys_;
+    unsigned int bad_keys_seen_ = 0;
+    backend_stats stats_;
+    struct scratch_buffer {
+        void* p = nullptr;
+        size_t bytes = 0;
+    };
+    scratch_buffer scratch_[k_scratch_count];
+    std::vector<kernels::mm_job> mm_jobs_;
+    std::vector<std::vector<const float*>> per_row_;
+};
+
+}  // namespace
+
+std::string device_info::describe() const {
+    return name + ", sm_" + std::to_string(sm_major) + std::to_string(sm_minor) + ", " +
+           std::to_string(multiprocessors) + " SMs, " + gib(total_bytes);
+}
+
+result<device_info> probe(int index) {
+    int count = 0;
+    if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorNoDevice) return make_error("no CUDA device is present");
+        if (e == cudaErrorInsufficientDriver)
+            return make_error("no usable CUDA device: the NVIDIA driver is missing, or older than the CUDA " +
+                              std::to_string(CUDART_VERSION / 1000) + " runtime of this build");
+        return make_error(std::string("no usable CUDA device: ") + cudaGetErrorString(e));
+    }
+    if (count == 0) return make_error("no CUDA device is present");
+    if (index < 0 || index >= count)
+        return make_error("CUDA device " + std::to_string(index) + " does not exist (" + std::to_string(count) +
+                          " present)");
+    cudaDeviceProp prop{};
+    if (const cudaError_t e = cudaGetDeviceProperties(&prop, index); e != cudaSuccess)
+        return make_error(std::string("cannot read the CUDA device's properties: ") + cudaGetErrorString(e));
+    device_info info;
+    info.index = index;
+    info.name = prop.name;
+    info.sm_major = prop.major;
+    info.sm_minor = prop.minor;
+    info.multiprocessors = prop.multiProcessorCount;
+    info.l2_bytes = size_t(prop.l2CacheSize);
+    if (prop.major < 9)
+        return make_error("unsupported GPU " + info.name + " (compute capability " + std::to_string(prop.major) + "." +
+                          std::to_string(prop.minor) +
+                          "): this build's kernels need 9.0 or newer (built for sm_90a and compute_90 PTX)");
+    if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess)
+        return make_error(std::string("cannot use the CUDA device: ") + cudaGetErrorString(e));
+    if (const cudaError_t e = cudaMemGetInfo(&info.free_bytes, &info.total_bytes); e != cudaSuccess)
+        return make_error(std::string("cannot read the CUDA device's memory: ") + cudaGetErrorString(e));
+    return info;
+}
+
+result<std::unique_ptr<backend>> make_backend(const backend_options& opts) {
+    auto info = probe(opts.device);
+    if (!info) return info.err();
+    cudaStream_t stream = nullptr;
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess)
+        return make_error(std::string("cudaStreamCreate: ") + cudaGetErrorString(e));
+    uint8_t *host = nullptr, *dev = nullptr;
+    unsigned int* bad = nullptr;
+    const auto fail = [&](const char* what, cudaError_t e) -> result<std::unique_ptr<backend>> {
+        if (host) cudaFreeHost(host);
+        if (dev) cudaFree(dev);
+        if (bad) cudaFree(bad);
+        cudaStreamDestroy(stream);
+        return make_error(std::string(what) + ": " + cudaGetErrorString(e));
+    };
+    if (const cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&host), opts.staging_bytes); e != cudaSuccess)
+        return fail("cudaMallocHost (staging ring)", e);
+    if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&dev), opts.staging_bytes); e != cudaSuccess)
+        return fail("cudaMalloc (staging ring)", e);
+    if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&bad), sizeof(unsigned int)); e != cudaSuccess)
+        return fail("cudaMalloc", e);
+    if (const cudaError_t e = cudaMemset(bad, 0, sizeof(unsigned int)); e != cudaSuccess) return fail("cudaMemset", e);
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts.device) == cudaSuccess && optin > 0)
+        kernels::set_shared_memory_limit(size_t(optin));
+    std::unique_ptr<backend> be = std::make_unique<cuda_backend>(*info, stream, host, dev, opts.staging_bytes, bad);
+    return be;
+}
+
+backend_stats stats(const backend& be) {
+    if (const auto* c = dynamic_cast<const cuda_backend*>(&be)) return c->stats();
+    return {};
+}
+
+result<void*> stream_of(backend& be) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    if (!c) return make_error("stream_of needs the CUDA backend");
+    return static_cast<void*>(c->stream());
+}
+
+result<double> device_seconds(backend& be, const std::function<void()>& work) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    if (!c) return make_error("device_seconds needs the CUDA backend");
+    cudaEvent_t start = nullptr, stop = nullptr;
+    if (cudaEventCreate(&start) != cudaSuccess || cudaEventCreate(&stop) != cudaSuccess)
+        return make_error("cudaEventCreate failed");
+    check(cudaEventRecord(start, c->stream()), "cudaEventRecord");
+    work();
+    check(cudaEventRecord(stop, c->stream()), "cudaEventRecord");
+    c->synchronize();
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return double(ms) / 1e3;
+}
+
+}  // namespace moestream::cuda

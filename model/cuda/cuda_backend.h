@@ -1,0 +1,60 @@
+// The CUDA backend: every backend op of model/backend.h on one GPU, activations and sequence
+// state in VRAM, one stream per backend so ops are ordered as issued. A plain C++ header (no
+// CUDA types), built only where nvcc exists (MOESTREAM_HAVE_CUDA); kernels live in the .cu files
+// of this folder behind model/cuda/kernels.h, the host side in cuda_backend.cpp.
+//
+// Determinism: every kernel reduces in a fixed order that depends only on the op's shape (never
+// on the batch's other rows, the grid, or timing), so logits are bit-identical across runs,
+// batch compositions and expert slot placement. They are not bit-identical to the CPU backend's
+// (other reduction orders, other libm): the fixtures' correlation bounds hold instead.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "config/result.h"
+#include "model/backend.h"
+
+namespace moestream::cuda {
+
+struct device_info {
+    int index = 0;
+    std::string name;
+    int sm_major = 0, sm_minor = 0;
+    int multiprocessors = 0;
+    size_t total_bytes = 0, free_bytes = 0;
+    size_t l2_bytes = 0;
+    std::string describe() const;  // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"
+};
+
+// The GPU `index`, or an error that says why it cannot run this build's kernels (no driver, no
+// device, a compute capability other than 9.x: the kernels are built for sm_90a + compute_90 PTX).
+result<device_info> probe(int index = 0);
+
+struct backend_options {
+    int device = 0;
+    // Pinned host staging for uploads, downloads and op descriptors (a ring; also its device twin).
+    size_t staging_bytes = size_t(64) << 20;
+};
+
+// A backend on the probed device; errors name the CUDA call that failed.
+result<std::unique_ptr<backend>> make_backend(const backend_options& opts);
+
+// Counters of a CUDA backend, for bench and /metrics.
+struct backend_stats {
+    uint64_t launches = 0;       // kernels launched (memcpy/memset calls not counted)
+    uint64_t uploads = 0, downloads = 0;
+    uint64_t bytes_allocated = 0;
+};
+// The counters of `be` when it is a CUDA backend (else all zero).
+backend_stats stats(const backend& be);
+
+// Seconds the device spent on `work` (ops issued on a CUDA backend `be`), timed with events on
+// the backend's stream; waits for it. An error when `be` is not a CUDA backend.
+result<double> device_seconds(backend& be, const std::function<void()>& work);
+// The cudaStream_t of a CUDA backend (for libraries that enqueue on it: cuBLAS in the benches).
+result<void*> stream_of(backend& be);
+
+}  // namespace moestream::cuda

@@ -1,0 +1,195 @@
+// Hyper-connection kernels (§3.3): the mixes with their Sinkhorn normalisation, collapse,
+// expand, the output sum that feeds them (output_sum's adding pass) and the engram gate (§3.2).
+// Each follows the CPU backend's operations one by one (cpu_backend.cpp, cpu_elementwise.cpp);
+// only exp differs where the CPU calls glibc (sigmoid, the comb softmax).
+#include "model/cuda/device_common.cuh"
+#include "model/cuda/kernels.h"
+
+namespace moestream::cuda::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxHc = 8;
+
+// One warp per row: the RMS scale of the row's streams (all of them, one statistic), then lane 0
+// forms pre, post and comb exactly as cpu_backend::hc_mixes does.
+__global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc,
+                           int64_t dim, const float* __restrict__ base, const float* __restrict__ scale, int iters,
+                           float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
+    const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (r >= n) return;
+    const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane);
+    if (lane != 0) return;
+    const int n_mix = (2 + hc) * hc;
+    float m[(2 + kMaxHc) * kMaxHc];
+    for (int i = 0; i < n_mix; ++i) m[i] = __fmul_rn(mix_in[r * n_mix + i], s);
+    for (int k = 0; k < hc; ++k) {
+        pre[r * hc + k] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(m[k], scale[0]), base[k])), hc_eps);
+        post[r * hc + k] = __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(m[hc + k], scale[1]), base[hc + k])));
+    }
+    float* C = comb + r * hc * hc;
+    for (int i = 0; i < hc; ++i) {
+        float mx = -__int_as_float(0x7f800000);
+        for (int j = 0; j < hc; ++j) {
+            C[i * hc + j] = __fadd_rn(__fmul_rn(m[2 * hc + i * hc + j], scale[2]), base[2 * hc + i * hc + j]);
+            mx = fmaxf(mx, C[i * hc + j]);
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < hc; ++j) {
+            C[i * hc + j] = numeric::exp_float(__fsub_rn(C[i * hc + j], mx));
+            sum = __fadd_rn(sum, C[i * hc + j]);
+        }
+        for (int j = 0; j < hc; ++j) C[i * hc + j] = __fadd_rn(__fdiv_rn(C[i * hc + j], sum), hc_eps);
+    }
+    const auto normalize_columns = [&] {
+        for (int j = 0; j < hc; ++j) {
+            float sum = 0.0f;
+            for (int i = 0; i < hc; ++i) sum = __fadd_rn(sum, C[i * hc + j]);
+            for (int i = 0; i < hc; ++i) C[i * hc + j] = __fdiv_rn(C[i * hc + j], __fadd_rn(sum, hc_eps));
+        }
+    };
+    normalize_columns();
+    for (int it = 1; it < iters; ++it) {
+        for (int i = 0; i < hc; ++i) {
+            float sum = 0.0f;
+            for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, C[i * hc + j]);
+            for (int j = 0; j < hc; ++j) C[i * hc + j] = __fdiv_rn(C[i * hc + j], __fadd_rn(sum, hc_eps));
+        }
+        normalize_columns();
+    }
+}
+
+// out = bf16(Σ_k p[k] H_k) at column d (the CPU's collapse_cols).
+__device__ __forceinline__ float collapse_at(const float* H, int hc, int64_t dim, const float* p, int64_t d) {
+    float acc = 0.0f;
+    for (int k = 0; k < hc; ++k) acc = __fadd_rn(acc, __fmul_rn(p[k], H[k * dim + d]));
+    return numeric::round_bf16(acc);
+}
+
+// The streams' new values at column d (the CPU's expand_cols): every stream read before any is
+// written, so out may be H.
+__device__ __forceinline__ void expand_at(float f, const float* H, int hc, int64_t dim, const float* post,
+                                          const float* C, int64_t d, float* out) {
+    float h[kMaxHc], o[kMaxHc];
+    for (int i = 0; i < hc; ++i) h[i] = H[i * dim + d];
+    for (int j = 0; j < hc; ++j) {
+        float t = 0.0f;
+        for (int i = 0; i < hc; ++i) t = __fadd_rn(t, __fmul_rn(C[i * hc + j], h[i]));
+        o[j] = numeric::round_bf16(__fadd_rn(__fmul_rn(post[j], f), t));
+    }
+    for (int j = 0; j < hc; ++j) out[j * dim + d] = o[j];
+}
+
+__global__ void k_hc_collapse(const float* __restrict__ H, int64_t n, int hc, int64_t dim, const float* __restrict__ p,
+                              float* out) {
+    MS_GRID_LOOP(t, n * dim) {
+        const int64_t r = t / dim, d = t % dim;
+        out[t] = collapse_at(H + r * hc * dim, hc, dim, p + r * hc, d);
+    }
+}
+
+__global__ void k_hc_expand(const float* __restrict__ f, const float* H, int64_t n, int hc, int64_t dim,
+                            const float* __restrict__ post, const float* __restrict__ comb, float* out) {
+    MS_GRID_LOOP(t, n * dim) {
+        const int64_t r = t / dim, d = t % dim;
+        expand_at(f[t], H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc, d, out + r * hc * dim);
+    }
+}
+
+// f[r][d] = bf16(Σ of row r's contributions in order), then the streams' update and the next
+// sub-layer's input (cpu_backend::output_sum's adding pass).
+__global__ void k_sum_rows(const float* const* __restrict__ src, const int64_t* __restrict__ starts, int64_t n,
+                           int64_t dim, float* f, hc_update upd) {
+    MS_GRID_LOOP(t, n * dim) {
+        const int64_t r = t / dim, d = t % dim;
+        float acc = 0.0f;
+        for (int64_t e = starts[r]; e < starts[r + 1]; ++e) acc = __fadd_rn(acc, src[e][d]);
+        const float fr = numeric::round_bf16(acc);
+        f[t] = fr;
+        if (!upd.H) continue;
+        float* Hr = upd.H + r * upd.hc * dim;
+        expand_at(fr, Hr, upd.hc, dim, upd.post + r * upd.hc, upd.comb + r * upd.hc * upd.hc, d, Hr);
+        if (upd.next) upd.next[t] = collapse_at(Hr, upd.hc, dim, upd.pre + r * upd.hc, d);
+    }
+}
+
+// One warp per (row, stream): both RMS scales, the normalised triple product's sum (the CPU's
+// 16 double lanes and tree), the gate, then the stream's update.
+__global__ void k_engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* __restrict__ kv,
+                              const float* __restrict__ qk, float norm_eps) {
+    const int64_t item = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    if (item >= n * hc) return;
+    const int64_t r = item / hc;
+    const int k = int(item % hc);
+    float* Hk = H + (r * hc + k) * dim;
+    const float* key = kv + (r * (hc + 1) + k) * dim;
+    const float* value = kv + (r * (hc + 1) + hc) * dim;
+    const float sh = warp_inv_rms(Hk, dim, norm_eps, lane);
+    const float sk = warp_inv_rms(key, dim, norm_eps, lane);
+    const float* w = qk + k * dim;
+    double acc = 0.0;
+    if (lane < 16)
+        for (int64_t i = lane; i < dim; i += 16) {
+            const float hn = numeric::round_bf16(__fmul_rn(Hk[i], sh));
+            const float kn = numeric::round_bf16(__fmul_rn(key[i], sk));
+            acc = __dadd_rn(acc, double(__fmul_rn(__fmul_rn(hn, w[i]), kn)));
+        }
+#pragma unroll
+    for (int o = 8; o >= 1; o >>= 1) {
+        const double other = __shfl_down_sync(kFullMask, acc, o);
+        if (lane < o) acc = __dadd_rn(acc, other);
+    }
+    const double dsum = __shfl_sync(kFullMask, acc, 0);
+    const float inv_sqrt_dim = __fdiv_rn(1.0f, __fsqrt_rn(float(dim)));
+    const float dotv = __fmul_rn(float(dsum), inv_sqrt_dim);
+    const float sgn = dotv > 0 ? 1.0f : (dotv < 0 ? -1.0f : 0.0f);
+    const float gate = sigmoid(__fmul_rn(sgn, __fsqrt_rn(fmaxf(fabsf(dotv), 1e-6f))));
+    for (int64_t i = lane; i < dim; i += kWarp) Hk[i] = numeric::round_bf16(__fadd_rn(Hk[i], __fmul_rn(gate, value[i])));
+}
+
+}  // namespace
+
+cudaError_t hc_mixes(cudaStream_t s, const float* H, const float* mix, int64_t n, int hc, int64_t dim,
+                     const float* base, const float* scale, int iters, float hc_eps, float norm_eps, float* pre,
+                     float* post, float* comb) {
+    if (n == 0) return cudaSuccess;
+    if (hc > kMaxHc) return cudaErrorInvalidValue;
+    constexpr int rows_per_block = 4;
+    k_hc_mixes<<<grid_for(n, rows_per_block), rows_per_block * kWarp, 0, s>>>(H, mix, n, hc, dim, base, scale, iters,
+                                                                              hc_eps, norm_eps, pre, post, comb);
+    return cudaGetLastError();
+}
+
+cudaError_t hc_collapse(cudaStream_t s, const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
+    if (n * dim == 0) return cudaSuccess;
+    k_hc_collapse<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(H, n, hc, dim, p, out);
+    return cudaGetLastError();
+}
+
+cudaError_t hc_expand(cudaStream_t s, const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
+                      const float* comb, float* out) {
+    if (n * dim == 0) return cudaSuccess;
+    if (hc > kMaxHc) return cudaErrorInvalidValue;
+    k_hc_expand<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(f, H, n, hc, dim, post, comb, out);
+    return cudaGetLastError();
+}
+
+cudaError_t sum_rows(cudaStream_t s, const float* const* src, const int64_t* starts, int64_t n, int64_t dim, float* f,
+                     hc_update upd) {
+    if (n * dim == 0) return cudaSuccess;
+    if (upd.H && upd.hc > kMaxHc) return cudaErrorInvalidValue;
+    k_sum_rows<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(src, starts, n, dim, f, upd);
+    return cudaGetLastError();
+}
+
+cudaError_t engram_gate(cudaStream_t s, float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
+                        float norm_eps) {
+    if (n * hc == 0) return cudaSuccess;
+    constexpr int warps = 4;
+    k_engram_gate<<<grid_for(n * hc, warps), warps * kWarp, 0, s>>>(H, n, hc, dim, kv, qk, norm_eps);
+    return cudaGetLastError();
+}
+
+}  // namespace moestream::cuda::kernels

@@ -1,0 +1,290 @@
+// Matmuls of every weight type (F32, F16, BF16, Q8_0, MXFP4) for any number of x rows, several
+// jobs per launch (a layer's experts, q_a with kv, the output groups).
+//
+// One warp computes one output row o against a group of up to kMatmulRows x rows: lane l takes
+// the 32-element chunks b = l, l + 32, ... of the row in order, decodes each chunk's weights
+// once for all the group's rows, and adds its chunk dot (a sequential fused sum over the 32
+// elements, times the block scale for Q8_0 and MXFP4) into its own accumulator; the warp's lanes
+// are then added in the fixed butterfly of warp_sum. The group's x rows sit in shared memory,
+// padded so that the lanes' reads of their chunks (128 bytes apart in x) fall in different banks:
+// read from global memory, each such read touched 32 cache lines. So a value depends only on the weight row,
+// the x row and cols: never on how many rows the batch has, which group or warp computed it, or
+// the grid (the determinism contract of cuda_backend.h). One kernel serves decode and prefill;
+// weights are read once per group of rows.
+#include "model/cuda/device_common.cuh"
+#include "model/cuda/kernels.h"
+
+namespace moestream::cuda::kernels {
+namespace {
+
+constexpr int kThreads = kMatmulWarps * kWarp;
+
+// The 32 weights of chunk b of a row (zeros past cols) and the chunk's scale.
+template <ggml_type T>
+struct chunk_decoder;
+
+template <>
+struct chunk_decoder<ggml_type::f32> {
+    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
+                                                float& scale) {
+        scale = 1.0f;
+        const float* p = reinterpret_cast<const float*>(row) + b * 32;
+        const int64_t left = cols - b * 32;
+        if (left >= 32 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
+                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) w[j] = j < left ? __ldg(p + j) : 0.0f;
+        }
+    }
+};
+
+template <>
+struct chunk_decoder<ggml_type::bf16> {
+    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
+                                                float& scale) {
+        scale = 1.0f;
+        const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + b * 32;
+        const int64_t left = cols - b * 32;
+        if (left >= 32 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+                const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    w[8 * i + 2 * k] = bf16_bits_value(words[k] & 0xffffu);
+                    w[8 * i + 2 * k + 1] = bf16_bits_value(words[k] >> 16);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 32; ++j) w[j] = j < left ? bf16_bits_value(__ldg(p + j)) : 0.0f;
+        }
+    }
+};
+
+template <>
+struct chunk_decoder<ggml_type::f16> {
+    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
+                                                float& scale) {
+        scale = 1.0f;
+        const __half* p = reinterpret_cast<const __half*>(row) + b * 32;
+        const int64_t left = cols - b * 32;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) w[j] = j < left ? __half2float(p[j]) : 0.0f;
+    }
+};
+
+// Small integers as floats without the (quarter-rate) conversion instruction: byte k of `word`
+// below 2^8 placed in the mantissa of 2^23 (0x4B0000bb), then 2^23 (plus `bias`) taken away;
+// exact.
+__device__ __forceinline__ float byte_as_float(uint32_t word, int k, float minus) {
+    return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | uint32_t(k))), minus);
+}
+
+// ggml block_q8_0: fp16 scale d, then 32 int8 values (34 bytes, 2-byte aligned). The values are
+// offset by 128 (xor 0x80) to be bytes, and the offset taken away with 2^23.
+template <>
+struct chunk_decoder<ggml_type::q8_0> {
+    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t, float (&w)[32],
+                                                float& scale) {
+        const uint8_t* blk = row + b * 34;
+        uint32_t words[9];  // bytes 0..35: d in bytes 0-1, qs in 2..33
+        load_words<9>(blk, words);
+        const uint16_t d = uint16_t(words[0] & 0xffffu);
+        scale = __half2float(__ushort_as_half(d));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t q = __funnelshift_r(words[i], words[i + 1], 16) ^ 0x80808080u;  // qs 4i..4i+3
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w[4 * i + k] = byte_as_float(q, k, 8388736.0f);  // 2^23 + 128
+        }
+    }
+};
+
+// ggml block_mxfp4: e8m0 exponent, then 16 bytes (element j low nibble, j + 16 high nibble);
+// values are e2m1 doubled, the scale 2^(e - 128) (ggml's convention). Four magnitudes at once by
+// a byte permutation over the table {0, 1, 2, 3, 4, 6, 8, 12} (the selector gathers the four
+// 3-bit codes: bytes 0, 2, 1, 3 of the result), the sign bit put on the float.
+template <>
+struct chunk_decoder<ggml_type::mxfp4> {
+    static __device__ __forceinline__ void low_nibbles(uint32_t q, float* out) {
+        const uint32_t code = q & 0x07070707u;
+        const uint32_t mag = __byte_perm(0x03020100u, 0x0C080604u, code | (code >> 12));
+        constexpr int at[4] = {0, 2, 1, 3};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float v = byte_as_float(mag, at[k], 8388608.0f);
+            out[k] = __uint_as_float(__float_as_uint(v) ^ ((q << (28 - 8 * k)) & 0x80000000u));
+        }
+    }
+    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t, float (&w)[32],
+                                                float& scale) {
+        const uint8_t* blk = row + b * 17;
+        uint32_t words[5];  // bytes 0..19
+        load_words<5>(blk, words);
+        scale = numeric::e8m0_half_value(uint8_t(words[0] & 0xffu));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t q = __funnelshift_r(words[i], words[i + 1], 8);  // qs bytes 4i..4i+3
+            low_nibbles(q, &w[4 * i]);
+            low_nibbles(q >> 4, &w[16 + 4 * i]);
+        }
+    }
+};
+
+// Adds chunk b's dots with every row of the group into acc. xs holds the group's x rows in
+// shared memory, chunk after chunk with one float of padding (kChunkFloats), zeros past cols: the
+// 32 lanes, each at its own chunk, read 32 different banks.
+__device__ __forceinline__ void chunk_dots(const float (&w)[32], float scale, const float* xs, int64_t row_floats,
+                                           int nr, int64_t b, float (&acc)[kMatmulRows]) {
+#pragma unroll
+    for (int r = 0; r < kMatmulRows; ++r) {
+        if (r >= nr) break;
+        const float* xr = xs + r * row_floats + b * kChunkFloats;
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) s = __fmaf_rn(w[j], xr[j], s);
+        acc[r] = __fmaf_rn(scale, s, acc[r]);
+    }
+}
+
+__device__ __forceinline__ float router_score(float v) {
+    const float softplus = v > 20.0f ? v : log1pf(numeric::exp_float(v));
+    return __fsqrt_rn(softplus);
+}
+
+// One output row o of job jb against the group's nr x rows (in shared memory), by one warp.
+template <ggml_type T>
+__device__ __forceinline__ void matmul_row(const mm_job& jb, const float* xs, int64_t row_floats, int64_t r0, int nr,
+                                           int64_t o, int lane) {
+    const int64_t chunks = (jb.cols + 31) / 32;
+    const uint8_t* wrow = jb.w + o * jb.row_bytes;
+    const uint8_t* urow = jb.up ? jb.up + o * jb.row_bytes : nullptr;
+    float acc[kMatmulRows], accu[kMatmulRows];
+#pragma unroll
+    for (int r = 0; r < kMatmulRows; ++r) acc[r] = 0.0f, accu[r] = 0.0f;
+    for (int64_t b = lane; b < chunks; b += kWarp) {
+        float w[32], scale;
+        chunk_decoder<T>::load(wrow, b, jb.cols, w, scale);
+        chunk_dots(w, scale, xs, row_floats, nr, b, acc);
+        if (urow) {
+            chunk_decoder<T>::load(urow, b, jb.cols, w, scale);
+            chunk_dots(w, scale, xs, row_floats, nr, b, accu);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kMatmulRows; ++r) {
+        if (r >= nr) break;
+        float v = warp_sum(acc[r]);
+        const float vu = urow ? warp_sum(accu[r]) : 0.0f;
+        if (lane != r) continue;  // lane r writes row r (the values are the same in every lane)
+        const int64_t row = r0 + r;
+        if (jb.flags & kRound) v = numeric::round_bf16(v);
+        if (jb.flags & kRouterScore) v = router_score(v);
+        if (urow) {
+            const float u = (jb.flags & kRound) ? numeric::round_bf16(vu) : vu;
+            jb.u[row * jb.u_stride + o] = u;
+            // SwiGLU with the V4.1 clamps, as the CPU's swiglu_row: each operation rounded alone.
+            const float limit = jb.swiglu_limit;
+            const float gv = fminf(v, limit);
+            const float uv = fminf(fmaxf(u, -limit), limit);
+            const float e = numeric::exp_float(-gv);
+            const float wr = jb.swiglu_w ? jb.swiglu_w[row] : 1.0f;
+            v = numeric::round_bf16(__fmul_rn(wr, __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, e)), uv)));
+        }
+        jb.y[row * jb.y_stride + o] = v;
+    }
+}
+
+// A block takes block_rows output rows of one job against one group of its x rows: it
+// copies the group's x rows into shared memory once (coalesced), then each warp computes its
+// output rows from there.
+template <ggml_type T>
+__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs) {
+    extern __shared__ float xs[];
+    const int64_t blk = blockIdx.x;
+    int lo = 0, hi = n_jobs - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (jobs[mid].first_block <= blk) lo = mid;
+        else hi = mid - 1;
+    }
+    const mm_job& jb = jobs[lo];
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const int64_t chunks = (jb.cols + 31) / 32;
+    const int group = matmul_group_rows(jb.cols);
+    const int64_t row_blocks = (jb.rows + jb.block_rows - 1) / jb.block_rows;
+    const int64_t local = blk - jb.first_block;
+    const int64_t g = local / row_blocks, rb = local % row_blocks;
+    const int64_t r0 = g * group;
+    const int nr = jb.n - r0 < group ? int(jb.n - r0) : group;
+    const int64_t row_floats = chunks * kChunkFloats;
+    const int64_t padded = chunks * 32;
+    for (int64_t i = threadIdx.x; i < nr * padded; i += kThreads) {
+        const int64_t r = i / padded, e = i - r * padded;
+        xs[r * row_floats + (e / 32) * kChunkFloats + (e % 32)] = e < jb.cols ? jb.x[(r0 + r) * jb.x_stride + e] : 0.0f;
+    }
+    __syncthreads();
+    for (int k = 0; k < jb.block_rows / kMatmulWarps; ++k) {
+        const int64_t o = rb * jb.block_rows + k * kMatmulWarps + warp;
+        if (o < jb.rows) matmul_row<T>(jb, xs, row_floats, r0, nr, o, lane);
+    }
+}
+
+template <ggml_type T>
+cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+    // Opting in to more than 48 KiB of shared memory, once per kernel.
+    static bool opted_in = false;
+    if (shared > (48u << 10) && !opted_in) {
+        const cudaError_t e = cudaFuncSetAttribute(k_matmul<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   int(kMatmulSharedBytes));
+        if (e != cudaSuccess) return e;
+        opted_in = true;
+    }
+    k_matmul<T><<<blocks, kThreads, shared, s>>>(jobs, n_jobs);
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+int64_t plan_matmul(mm_job& job) {
+    const int group = matmul_group_rows(job.cols);
+    if (group == 0) return -1;
+    const int64_t groups = (job.n + group - 1) / group;
+    // Enough blocks for two per SM of a 132-SM part, else the fewest rows per block.
+    constexpr int64_t kEnough = 264;
+    int rows = kMatmulBlockRows;
+    while (rows > kMatmulWarps && groups * ((job.rows + rows - 1) / rows) < kEnough) rows /= 2;
+    job.block_rows = rows;
+    return groups * ((job.rows + rows - 1) / rows);
+}
+
+size_t matmul_shared_bytes(int64_t n, int64_t cols) {
+    const int group = matmul_group_rows(cols);
+    const int64_t rows = n < group ? n : group;
+    return size_t(rows * ((cols + 31) / 32) * kChunkFloats) * sizeof(float);
+}
+
+cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
+                   size_t shared) {
+    if (n_jobs == 0 || total_blocks == 0) return cudaSuccess;
+    if (total_blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
+    if (shared > kMatmulSharedBytes) return cudaErrorInvalidValue;
+    const unsigned blocks = unsigned(total_blocks);
+    switch (type) {
+        case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::mxfp4: return launch_matmul<ggml_type::mxfp4>(s, jobs, n_jobs, blocks, shared);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace moestream::cuda::kernels
