@@ -269,6 +269,10 @@ http_response service::props() const {
     w.end_object();
     w.key("build_info");
     w.value("moestream " MOESTREAM_VERSION);
+    w.key("backend");
+    w.value(model_.backend);
+    w.key("device");
+    w.value(model_.device);
     w.end_object();
     return json_response(std::move(out));
 }
@@ -301,6 +305,20 @@ http_response service::metrics_text() const {
     const bool streamed = bool(model_.streaming);
     if (streamed) f = model_.streaming();
     r.body = metrics_->render(model_.eng->stats(), streamed ? &f : nullptr);
+    // Which backend and device run the model, as an info gauge (its labels are the answer).
+    const auto label = [](std::string_view v) {
+        std::string e;
+        for (char c : v) {
+            if (c == '\\' || c == '"') e += '\\';
+            if (c == '\n') e += "\\n";
+            else e += c;
+        }
+        return e;
+    };
+    r.body += "# HELP moestream:backend_info The backend and device that run the model.\n"
+              "# TYPE moestream:backend_info gauge\n"
+              "moestream:backend_info{model_name=\"" + label(model_.name) + "\",backend=\"" + label(model_.backend) +
+              "\",device=\"" + label(model_.device) + "\"} 1\n";
     return r;
 }
 

@@ -64,16 +64,19 @@ int run(const cli::args& a) {
         return usage_error(kName, !n_prompt ? n_prompt.message() : !n_decode ? n_decode.message() : n_rounds.message());
     if (*n_prompt < 1 || *n_decode < 1 || *n_rounds < 1)
         return usage_error(kName, "--prompt-tokens, --decode-tokens and --rounds must be >= 1");
+    if (cfg->runtime.backend == "cuda") return usage_error(kName, "bench cpu measures the CPU backend: drop --backend cuda");
+    cfg->runtime.backend = "cpu";
     auto session = open_model_session(*cfg, false, false);
     if (!session) return fail(kName, session.message());
     auto& s = **session;
     const auto& hp = s.hp();
     counting_experts experts(*s.files);
-    dsv41::model mdl(hp, s.files->weights, nullptr, experts, *s.backend);
+    cpu_backend& cpu = *s.cpu;
+    dsv41::model mdl(hp, s.files->weights, nullptr, experts, cpu);
 
     std::printf("model %s: dim %lld, %d layers, %d experts (top-%d), vocab %lld; backend cpu, %d threads, kernels %s\n",
                 cfg->model.path.c_str(), static_cast<long long>(hp.dim), hp.n_layers, hp.n_experts, hp.n_active,
-                static_cast<long long>(hp.vocab), s.backend->threads(), quant::kernel_isa());
+                static_cast<long long>(hp.vocab), cpu.threads(), quant::kernel_isa());
     auto t0 = clock_type::now();
     if (!a.flag("no-warm")) {
         touch_pages(s.files->target);
@@ -85,8 +88,8 @@ int run(const cli::args& a) {
     // judged against the higher of the two; the verdict is the median round.
     const int hw_threads = std::max(1, int(std::thread::hardware_concurrency()));
     std::unique_ptr<thread_pool> own_pool;
-    if (hw_threads != s.backend->threads()) own_pool = std::make_unique<thread_pool>(hw_threads);
-    read_bandwidth_probe probe(own_pool ? *own_pool : s.backend->pool(), size_t(1) << 30);
+    if (hw_threads != cpu.threads()) own_pool = std::make_unique<thread_pool>(hw_threads);
+    read_bandwidth_probe probe(own_pool ? *own_pool : cpu.pool(), size_t(1) << 30);
 
     // A deterministic prompt spread over the vocabulary.
     std::vector<int32_t> prompt;
@@ -95,7 +98,7 @@ int run(const cli::args& a) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         prompt.push_back(int32_t((x >> 33) % uint64_t(hp.vocab)));
     }
-    auto seq = std::make_unique<dsv41::sequence_state>(*s.backend, hp, *n_prompt + *n_rounds * *n_decode + 1, 16, false);
+    auto seq = std::make_unique<dsv41::sequence_state>(cpu, hp, *n_prompt + *n_rounds * *n_decode + 1, 16, false);
     std::vector<float> logits;
     experts.reset();
     t0 = clock_type::now();
@@ -108,8 +111,8 @@ int run(const cli::args& a) {
     double t_decode = 0;
     int64_t expert_bytes = 0, distinct = 0;
     const bool profile = a.flag("profile");
-    s.backend->set_profiling(profile);
-    s.backend->reset_profile();
+    cpu.set_profiling(profile);
+    cpu.reset_profile();
     std::vector<double> ratios;
     double bw_max = 0;
     for (int64_t round = 0; round < *n_rounds; ++round) {
@@ -156,7 +159,7 @@ int run(const cli::args& a) {
         // Per decode token; hc_mixes includes its own matmul (also counted under matmul).
         double ops = 0;
         std::printf("decode profile (ms per token):\n");
-        for (const auto& t : s.backend->profile()) {
+        for (const auto& t : cpu.profile()) {
             if (t.calls == 0) continue;
             std::printf("  %-16s %8.3f ms  %7.1f calls\n", t.op, 1e3 * t.seconds / double(decoded),
                         double(t.calls) / double(decoded));

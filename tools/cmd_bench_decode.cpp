@@ -12,6 +12,7 @@
 #include <set>
 
 #include "scheduler/model_gguf.h"
+#include "tools/bench_gpu_decode.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
 
@@ -171,6 +172,15 @@ int run(const cli::args& a) {
     auto n = a.get_int("n-predict", 32);
     if (!n) return usage_error(kName, n.message());
     if (*n < 1) return usage_error(kName, "-n must be >= 1");
+    // On the GPU (until the coroutine scheduler streams into VRAM): experts in VRAM slots, against
+    // the floor and the CPU (tools/bench_gpu_decode.cpp).
+    if (cfg->runtime.backend == "cuda") {
+        auto p = a.get_int("prompt-tokens", 2048);
+        if (!p) return usage_error(kName, p.message());
+        if (*p < 1) return usage_error(kName, "--prompt-tokens must be >= 1");
+        return run_gpu_decode(kName, *cfg, *n, *p);
+    }
+    cfg->runtime.backend = "cpu";  // the tiers below are the CPU backend's
     std::vector<std::string> prompts;
     if (a.has("prompts")) {
         std::ifstream in(a.get_or("prompts", ""));
@@ -201,7 +211,7 @@ int run(const cli::args& a) {
         routing_stats rs(*s.streamed);
         auto mo = s.model->options();
         mo.lookahead = pass == 0;
-        s.model = std::make_unique<dsv41::model>(s.hp(), s.files->weights, nullptr, rs, *s.backend, mo);
+        s.model = std::make_unique<dsv41::model>(s.hp(), s.files->weights, nullptr, rs, *s.compute, mo);
         const double raw = pass == 0 ? raw_disk_bandwidth(*s.files, c, uint64_t(1) << 30) : 0;
         if (pass == 0) std::printf("raw O_DIRECT read bandwidth of the file (same depth/chunk): %.2f GB/s\n", raw / 1e9);
         std::printf("io mode %s (%u device slots, %u host slots):\n",
@@ -249,6 +259,7 @@ const std::vector<cli::option_spec>& options() {
         {"prompts", "FILE", "one prompt per line (default: three built-in prompts of different content)"},
         {"n-predict", "N", "tokens generated per prompt (default 32)", 'n'},
         {"no-remap", "", "skip the comparison runs (without look-ahead, --io-mode remap-sync)"},
+        {"prompt-tokens", "N", "--backend cuda: the prefill prompt's length (default 2048)"},
     });
     return specs;
 }
@@ -258,7 +269,10 @@ const command kCommand{kName,
                        "Streaming decode on new content (cold tiers, page cache dropped) and repeated content (warm "
                        "tiers): TTFT, tok/s, stall split, disk bytes per token, device-tier hit rate, new experts per "
                        "token and working set; the ceiling min(raw disk bandwidth / disk bytes per token, resident "
-                       "rate) measured in the same run, and the same cold run with --io-mode remap-sync.",
+                       "rate) measured in the same run, and the same cold run with --io-mode remap-sync. With "
+                       "--backend cuda: decode with the experts in VRAM slots against the bytes/D2D + launch floor "
+                       "measured in the same run, prefill of a --prompt-tokens prompt, launches per token, and the "
+                       "CPU backend beside it.",
                        options(), run};
 MS_REGISTER_COMMAND(kCommand);
 

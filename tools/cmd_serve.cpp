@@ -65,7 +65,8 @@ int run(const cli::args& a) {
                 cfg->model.path.c_str());
     std::fflush(stdout);
 
-    auto session = open_model_session(*cfg, false, true);
+    // The sequence states the engine keeps: the running ones and up to 4 finished ones for reuse.
+    auto session = open_model_session(*cfg, false, true, cfg->runtime.sequences_max + 4);
     if (!session) {
         srv.shutdown();
         srv.wait();
@@ -111,15 +112,17 @@ int run(const cli::args& a) {
         m.size_bytes += int64_t(s.files->target.shard_size(uint32_t(i)));
     m.slots = cfg->runtime.sequences_max;
     m.eos_id = tok ? tok->data().eos_id : -1;
+    m.backend = s.compute->name();
+    m.device = s.compute->device_description();
     if (s.streamed) {
         const tiered_experts* tiers = s.streamed.get();
         const engram_stream* engram = s.engram.get();
         m.streaming = [tiers, engram] { return server::streaming_figures_of(*tiers, engram); };
     }
     api.set_model(std::move(m));
-    spdlog::info("serving {} ({} sequences of {} tokens)", cfg->model.path, cfg->runtime.sequences_max,
-                 cfg->runtime.context_tokens);
-    std::printf("moestream serve: ready\n");
+    spdlog::info("serving {} ({} sequences of {} tokens) on {}", cfg->model.path, cfg->runtime.sequences_max,
+                 cfg->runtime.context_tokens, s.backend_line());
+    std::printf("moestream serve: ready (backend %s)\n", s.backend_line().c_str());
     std::fflush(stdout);
     srv.wait();
     std::printf("moestream serve: stopped\n");

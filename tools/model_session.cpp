@@ -6,6 +6,10 @@
 #include <cstdio>
 #include <thread>
 
+#if MOESTREAM_HAVE_CUDA
+#include "model/cuda/cuda_backend.h"
+#endif
+
 namespace moestream::tools {
 
 std::unique_ptr<dsv41::sequence_state> model_session::new_sequence(int64_t tokens, int64_t rollback) const {
@@ -42,20 +46,91 @@ void model_session::print_streaming_stats() const {
     }
 }
 
-result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft, bool stream) {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gib(double bytes) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / kGiB);
+    return buf;
+}
+
+// The backend --backend asks for: one clear line when it cannot be had.
+result<std::unique_ptr<backend>> make_compute(const moestream_config& cfg) {
+    const std::string& want = cfg.runtime.backend;
+    if (want == "cuda" || want == "auto") {
+#if MOESTREAM_HAVE_CUDA
+        auto gpu = cuda::make_backend({});
+        if (gpu) return std::move(*gpu);
+        if (want == "cuda") return make_error("--backend cuda: " + gpu.message());
+#else
+        if (want == "cuda")
+            return make_error("--backend cuda: this build has no CUDA backend (nvcc was not found when it was built)");
+#endif
+    }
+    int threads = int(cfg.runtime.threads);
+    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
+    return std::unique_ptr<backend>(std::make_unique<cpu_backend>(threads));
+}
+
+// Dense weights in VRAM and the experts in slots, after checking that the card holds them, the
+// slots and the sequence states (with room for the forward's buffers).
+status place_on_device(model_session& s, const moestream_config& cfg, int64_t sequences, bool with_draft) {
+    const loaded_model& m = *s.files;
+    const size_t dense = dense_weight_bytes(m);
+    const size_t slot = device_experts::slot_bytes(m);
+    const int64_t total = device_experts::total_experts(m);
+    int64_t slots = std::max<int64_t>(1, int64_t(cfg.cache.device_cache_gib * kGiB / double(slot)));
+    slots = std::min(slots, total);
+    const size_t states = size_t(std::max<int64_t>(sequences, 1)) *
+                          dsv41::sequence_state::memory_bytes(m.hp, cfg.runtime.context_tokens, 64,
+                                                              with_draft && m.draft.has_value());
+    // The forward's own buffers: a few hundred MB for the largest models' prefill chunks.
+    const size_t reserve = size_t(1) << 30;
+    const size_t need = dense + size_t(slots) * slot + states + reserve;
+#if MOESTREAM_HAVE_CUDA
+    if (auto info = cuda::probe(0); info && need > info->free_bytes)
+        return make_error("the GPU (" + info->describe() + ", " + gib(double(info->free_bytes)) +
+                          " free) cannot hold the dense weights (" + gib(double(dense)) + ") + the expert cache (" +
+                          std::to_string(slots) + " experts, " + gib(double(size_t(slots) * slot)) +
+                          ") + the sequence states (" + std::to_string(sequences) + " of " +
+                          std::to_string(cfg.runtime.context_tokens) + " tokens, " + gib(double(states)) +
+                          ") + 1 GiB of working buffers = " + gib(double(need)) +
+                          ": lower --device-cache, --ctx-size or runtime.sequences_max");
+#endif
+    auto dev = upload_dense_weights(*s.compute, m);
+    if (!dev) return dev.err();
+    s.device = std::move(*dev);
+    auto ex = device_experts::create(*s.compute, m, slots, slots == total);
+    if (!ex) return ex.err();
+    s.slots = std::move(*ex);
+    return {};
+}
+
+}  // namespace
+
+std::string model_session::backend_line() const {
+    return std::string(compute->name()) + " (" + compute->device_description() + ")";
+}
+
+result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft, bool stream,
+                                                          int64_t sequences) {
     if (cfg.model.path.empty()) return make_error("--model is required");
-    if (cfg.runtime.backend == "cuda") return make_error("the CUDA backend is not built yet: use --backend cpu");
     auto s = std::make_unique<model_session>();
+    auto compute = make_compute(cfg);
+    if (!compute) return compute.err();
+    s->compute = std::move(*compute);
+    s->cpu = dynamic_cast<cpu_backend*>(s->compute.get());
     auto files = load_model(cfg.model.path, with_draft ? cfg.model.draft_path : std::string());
     if (!files) return files.err();
     s->files = std::move(*files);
-    int threads = int(cfg.runtime.threads);
-    if (threads <= 0) threads = int(std::max(1u, std::thread::hardware_concurrency()));
-    s->backend = std::make_unique<cpu_backend>(threads);
     s->experts = std::make_unique<resident_experts>(*s->files);
     dsv41::expert_source* source = s->experts.get();
-    if (stream) {
-        constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+    if (!s->compute->host_memory()) {
+        if (auto st = place_on_device(*s, cfg, sequences, with_draft); !st) return st.err();
+        source = s->slots.get();
+    } else if (stream) {
         tier_options t;
         t.device_bytes = uint64_t(cfg.cache.device_cache_gib * kGiB);
         t.host_bytes = uint64_t(cfg.cache.host_cache_gib * kGiB);
@@ -68,9 +143,8 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         source = s->streamed.get();
     }
     dsv41::model_options mo;
-    mo.lookahead = stream;
-    s->model = std::make_unique<dsv41::model>(s->files->hp, s->files->weights,
-                                              s->files->draft ? &*s->files->draft : nullptr, *source, *s->backend, mo);
+    mo.lookahead = s->streamed != nullptr;
+    s->model = std::make_unique<dsv41::model>(s->files->hp, s->weights(), s->draft(), *source, *s->compute, mo);
     if (stream && !s->files->hp.engram_layers.empty()) {
         engram_stream_options eo;
         eo.io.depth = uint32_t(cfg.io.depth);

@@ -1,5 +1,5 @@
-// What the model-running subcommands (logits, dump, generate, bench cpu) share: the effective
-// config -> loaded files, a CPU backend sized from the config, resident experts, the model.
+// What the model-running subcommands (logits, dump, generate, bench, serve) share: the effective
+// config -> loaded files, the backend (--backend auto|cuda|cpu), the experts, the model.
 #pragma once
 
 #include <memory>
@@ -13,6 +13,8 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/cpu_backend.h"
+#include "scheduler/device_experts.h"
+#include "scheduler/device_weights.h"
 #include "scheduler/model_loader.h"
 #include "scheduler/recorded_picks.h"
 #include "scheduler/engram_stream.h"
@@ -22,24 +24,40 @@ namespace moestream::tools {
 
 struct model_session {
     std::unique_ptr<loaded_model> files;
-    std::unique_ptr<cpu_backend> backend;
-    std::unique_ptr<resident_experts> experts;  // everything in the mapping (bench cpu)
-    std::unique_ptr<tiered_experts> streamed;   // device <- host <- disk tiers (the product path)
-    std::unique_ptr<engram_stream> engram;      // engram rows read ahead from disk (with streaming)
+    std::unique_ptr<backend> compute;            // runs the model
+    cpu_backend* cpu = nullptr;                  // compute, when it is the CPU backend (bench cpu's pool, profile)
+    std::unique_ptr<device_weights> device;      // a device backend's copy of the dense weights
+    std::unique_ptr<device_experts> slots;       // a device backend's expert slots (VRAM)
+    std::unique_ptr<resident_experts> experts;   // CPU: everything in the mapping (bench cpu)
+    std::unique_ptr<tiered_experts> streamed;    // CPU: device <- host <- disk tiers (the product path)
+    std::unique_ptr<engram_stream> engram;       // engram rows read ahead from disk (with streaming)
     std::unique_ptr<dsv41::model> model;
 
     const dsv41::hparams& hp() const { return files->hp; }
+    // The weights the model reads: the device's copy, or the mapping.
+    const dsv41::model_weights& weights() const { return device ? device->weights : files->weights; }
+    const dsv41::draft_weights* draft() const {
+        if (device) return device->draft ? &*device->draft : nullptr;
+        return files->draft ? &*files->draft : nullptr;
+    }
+    // "cuda (NVIDIA H200, sm_90, 132 SMs, 139.8 GiB)" / "cpu (16 threads, kernels avx512)".
+    std::string backend_line() const;
     // One line of expert-tier accounting (to stderr), when the experts are streamed.
     void print_streaming_stats() const;
     // A fresh sequence with room for `tokens` positions.
     std::unique_ptr<dsv41::sequence_state> new_sequence(int64_t tokens, int64_t rollback = 16) const;
 };
 
-// Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`). With `stream`, the
-// experts go through the tiers sized by cfg.cache / cfg.io (--device-cache, --host-cache,
-// --io-depth, --io-chunk); otherwise they are read in place from the memory mapping.
+// Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`) on the backend
+// cfg.runtime.backend names (auto: CUDA when a usable GPU is present, else the CPU). On the CPU,
+// with `stream` the experts go through the tiers sized by cfg.cache / cfg.io (--device-cache,
+// --host-cache, --io-depth, --io-chunk), otherwise they are read in place from the memory
+// mapping. On CUDA the dense weights are uploaded to VRAM and the experts live in VRAM slots
+// (--device-cache of them, all when it covers them), filled from the mapping; start-up refuses,
+// naming the sizes, when the card cannot hold the weights, the slots and the sequence states.
+// `sequences`: the sequence states the caller will make (planning).
 result<std::unique_ptr<model_session>> open_model_session(const moestream_config& cfg, bool with_draft,
-                                                          bool stream = true);
+                                                          bool stream = true, int64_t sequences = 1);
 
 // The comparison switches of logits and dump: --force-picks P.safetensors, --ref-compat,
 // --act-quant {off,reference}.

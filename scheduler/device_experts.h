@@ -1,0 +1,65 @@
+// Routed experts in slots of a backend's memory (VRAM on the CUDA backend), filled from the
+// model's memory mapping when a layer needs them: the least recently used unpinned slot is
+// reused, and the model pins an expert from get() to release(), holding at most as many as
+// there are slots. With as many slots as experts (--device-cache covering them all) every
+// expert stays resident after its first use, or from the start with `preload`. Where an expert
+// sits never changes a result: its bytes are the file's wherever it lies.
+//
+// This is the synchronous first version of the device tier (issue 15 streams it from the host
+// tier and the disk through the coroutine scheduler).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "model/backend.h"
+#include "scheduler/model_loader.h"
+
+namespace moestream {
+
+class device_experts final : public dsv41::expert_source {
+  public:
+    // Bytes one slot takes (the largest expert of the target and the draft, gate + up + down).
+    static size_t slot_bytes(const loaded_model& m);
+    // Routed experts of the target and the draft.
+    static int64_t total_experts(const loaded_model& m);
+    // `slots` slots (at most total_experts); an error names the bytes when the backend has no room.
+    static result<std::unique_ptr<device_experts>> create(backend& be, const loaded_model& m, int64_t slots,
+                                                          bool preload);
+
+    void need(int, std::span<const int32_t>) override {}
+    result<dsv41::expert_weights> get(int layer, int32_t expert) override;
+    void release(int layer, int32_t expert) override;
+    int64_t max_held() const override { return int64_t(slots_.size()); }
+
+    struct counters {
+        uint64_t hits = 0, misses = 0, bytes_uploaded = 0;
+    };
+    const counters& stats() const { return stats_; }
+    int64_t slots() const { return int64_t(slots_.size()); }
+
+  private:
+    device_experts(backend& be, const loaded_model& m) : be_(be), m_(m) {}
+    int64_t key_of(int layer, int32_t expert) const;
+
+    struct slot {
+        int64_t key = -1;  // (layer, expert) flattened, -1: empty
+        int pins = 0;
+        uint64_t used = 0;
+        dsv41::expert_weights views;
+    };
+    backend& be_;
+    const loaded_model& m_;
+    backend_array<std::byte> memory_;
+    size_t slot_bytes_ = 0;
+    std::vector<int64_t> layer_base_;  // first key of each layer
+    std::vector<int32_t> slot_of_;     // per key: its slot, or -1
+    std::vector<slot> slots_;
+    uint64_t clock_ = 0;
+    counters stats_;
+};
+
+}  // namespace moestream

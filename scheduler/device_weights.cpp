@@ -1,0 +1,83 @@
+#include "scheduler/device_weights.h"
+
+#include <functional>
+#include <string>
+
+namespace moestream {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Every dense tensor of a block, as the loader bound it (model_loader.cpp bind_block).
+void for_each_tensor(dsv41::layer_weights& lw, const std::function<void(weight_view&)>& w,
+                     const std::function<void(vector_view&)>& v) {
+    for (vector_view* p : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm, &lw.exp_probs_b,
+                           &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base, &lw.hc_ffn_scale, &lw.compressor_norm,
+                           &lw.index_k_norm, &lw.engram_qk})
+        v(*p);
+    for (weight_view* p : {&lw.hc_attn_fn, &lw.hc_ffn_fn, &lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.gate_inp,
+                           &lw.gate_shexp, &lw.up_shexp, &lw.down_shexp, &lw.compressor_kv, &lw.compressor_gate,
+                           &lw.index_k, &lw.index_q_b, &lw.index_proj, &lw.engram_wkv})
+        w(*p);
+}
+
+void for_each_tensor(dsv41::model_weights& mw, std::optional<dsv41::draft_weights>& dw,
+                     const std::function<void(weight_view&)>& w, const std::function<void(vector_view&)>& v) {
+    w(mw.token_embd);
+    w(mw.output);
+    v(mw.output_norm);
+    for (auto& lw : mw.layers) for_each_tensor(lw, w, v);
+    if (!dw) return;
+    for (weight_view* p : {&dw->fc, &dw->markov_embed, &dw->markov_head, &dw->conf_proj}) w(*p);
+    for (vector_view* p : {&dw->enc_norm, &dw->output_norm}) v(*p);
+    for (auto& lw : dw->stages) for_each_tensor(lw, w, v);
+}
+
+size_t view_bytes(const weight_view& w) { return w.empty() ? 0 : size_t(w.rows) * w.row_stride; }
+size_t view_bytes(const vector_view& v) { return v.empty() ? 0 : size_t(v.size) * sizeof(float); }
+
+}  // namespace
+
+size_t dense_weight_bytes(const loaded_model& m) {
+    dsv41::model_weights mw = m.weights;
+    std::optional<dsv41::draft_weights> dw = m.draft;
+    size_t total = 0;
+    for_each_tensor(
+        mw, dw, [&](weight_view& w) { total += aligned(view_bytes(w)); },
+        [&](vector_view& v) { total += aligned(view_bytes(v)); });
+    return total;
+}
+
+result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const loaded_model& m) {
+    auto out = std::make_unique<device_weights>();
+    out->weights = m.weights;
+    out->draft = m.draft;
+    const size_t total = dense_weight_bytes(m);
+    out->memory.bind(be);
+    if (!out->memory.try_resize(total))
+        return make_error("the " + std::string(be.name()) + " backend has no room for the model's dense weights (" +
+                          std::to_string(total >> 20) + " MiB)");
+    std::byte* base = out->memory.data();
+    size_t at = 0;
+    for_each_tensor(
+        out->weights, out->draft,
+        [&](weight_view& w) {
+            if (w.empty()) return;
+            be.upload(base + at, w.data, view_bytes(w));
+            w.data = base + at;
+            at += aligned(view_bytes(w));
+        },
+        [&](vector_view& v) {
+            if (v.empty()) return;
+            be.upload(base + at, v.data, view_bytes(v));
+            v.data = reinterpret_cast<const float*>(base + at);
+            at += aligned(view_bytes(v));
+        });
+    MS_ASSERT(at == total);
+    be.synchronize();
+    return out;
+}
+
+}  // namespace moestream

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a .gpu/ staged by scripts/gpu_bundle.sh: the CUDA suite (every op
+# against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
+# kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
+# device tool brings them back); the last lines printed are a summary.
+# Usage: scripts/gpu_run.sh [tests] [kernels] [decode] (default: all three)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+G=$PWD/.gpu
+export LD_LIBRARY_PATH=$G/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export MOESTREAM_SHARED_DIR=$G/shared
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT"
+BIN=$G/bin/moestream
+what=${*:-tests kernels decode}
+summary=()
+nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+if [[ $what == *tests* ]]; then
+  (cd /tmp && timeout 300 "$G/bin/test_cuda" --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
+  summary+=("test_cuda exit $?: $(grep -E 'Test module|failure|error' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')")
+  # Start-up errors: one clear line, exit 1.
+  if [[ -f $G/tokenizer.json.gz ]]; then
+    mkdir -p /tmp/moestream-deps/tokenizer-deepseek_v3/models
+    gunzip -c "$G/tokenizer.json.gz" > /tmp/moestream-deps/tokenizer-deepseek_v3/models/tokenizer.json
+    export MOESTREAM_DEPS_DIR=/tmp/moestream-deps
+    "$BIN" forge --preset tiny --out /tmp/tiny.gguf > /dev/null
+    "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --decode 4,5 --backend cuda --out /tmp/g.f32 > "$OUT/cli.log" 2>&1
+    echo "logits --backend cuda exit $?" >> "$OUT/cli.log"
+    "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --decode 4,5 --backend cpu --out /tmp/c.f32 >> "$OUT/cli.log" 2>&1
+    python3 -c "
+import array,sys
+g=array.array('f'); g.frombytes(open('/tmp/g.f32','rb').read())
+c=array.array('f'); c.frombytes(open('/tmp/c.f32','rb').read())
+n=len(g); mg=sum(g)/n; mc=sum(c)/n
+cov=sum((a-mg)*(b-mc) for a,b in zip(g,c)); vg=sum((a-mg)**2 for a in g); vc=sum((b-mc)**2 for b in c)
+print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, cov/(vg*vc)**0.5, max(abs(a-b) for a,b in zip(g,c))))
+" >> "$OUT/cli.log" 2>&1
+    "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --backend cuda --device-cache 100000 --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
+    echo "expert cache larger than the card: exit $?" >> "$OUT/cli.log"
+    "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --backend cuda --ctx-size 1048576 --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
+    echo "largest context: exit $?" >> "$OUT/cli.log"
+    CUDA_VISIBLE_DEVICES= "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2 --backend cuda --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
+    echo "no visible GPU: exit $?" >> "$OUT/cli.log"
+    summary+=("cli: $(grep -c . "$OUT/cli.log") lines in cli.log")
+  fi
+fi
+if [[ $what == *kernels* ]]; then
+  timeout 200 "$BIN" bench kernels --rounds 15 > "$OUT/bench_kernels.log" 2>&1
+  summary+=("bench kernels exit $?")
+fi
+if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  for preset in mini-lite mini; do
+    "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
+    timeout 120 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
+    summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU:' "$OUT/decode_$preset.log" | tr '\n' ' ')")
+  done
+fi
+printf '%s\n' "${summary[@]}"

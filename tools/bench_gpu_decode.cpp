@@ -1,0 +1,183 @@
+// `moestream bench decode --backend cuda`: decode on the GPU with the experts in VRAM slots (all
+// of them when --device-cache covers them), against its floor measured in the same run: the
+// bytes a token touches (the dense weights it reads and the experts it routes to) over the
+// device-to-device copy bandwidth, plus the launch floor (this many kernel launches at the
+// measured cost of an empty one); the same prompts decoded by the CPU backend beside it; prefill
+// tokens/s of a 2k-token prompt; kernel launches per token.
+#include "tools/bench_gpu_decode.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <utility>
+
+#include "tools/command.h"
+#include "tools/model_session.h"
+
+#if MOESTREAM_HAVE_CUDA
+#include "model/cuda/cuda_backend.h"
+#include "model/cuda/kernel_bench.h"
+#endif
+
+namespace moestream::tools {
+
+#if MOESTREAM_HAVE_CUDA
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+// Counts the experts a step routes to (the union per layer) and their bytes.
+class counting_source final : public dsv41::expert_source {
+  public:
+    counting_source(dsv41::expert_source& inner, const loaded_model& m) : inner_(inner), m_(m) {}
+    void need(int layer, std::span<const int32_t> ids) override {
+        const auto w = m_.expert(layer, 0);
+        bytes_ += int64_t(ids.size()) * int64_t(w.gate.rows * w.gate.row_stride + w.up.rows * w.up.row_stride +
+                                                w.down.rows * w.down.row_stride);
+        inner_.need(layer, ids);
+    }
+    result<dsv41::expert_weights> get(int layer, int32_t e) override { return inner_.get(layer, e); }
+    void release(int layer, int32_t e) override { inner_.release(layer, e); }
+    int64_t max_held() const override { return inner_.max_held(); }
+    int64_t take_bytes() { return std::exchange(bytes_, 0); }
+
+  private:
+    dsv41::expert_source& inner_;
+    const loaded_model& m_;
+    int64_t bytes_ = 0;
+};
+
+// Dense bytes a decode step reads: every non-expert tensor once, but the embedding and engram
+// tables (gathers of a few rows).
+int64_t dense_bytes_per_token(const gguf::model_file& f) {
+    int64_t total = 0;
+    for (const auto& t : f.tensors()) {
+        if (t.n_dims == 3 || t.name == "token_embd.weight" || t.name.rfind("engram_", 0) == 0 ||
+            t.name.find("engram_embd") != std::string::npos)
+            continue;
+        total += int64_t(t.bytes);
+    }
+    return total;
+}
+
+struct decode_figures {
+    double prefill_tps = 0;
+    std::vector<double> token_s;      // every decode step
+    double launches_per_token = 0;
+    double expert_bytes_per_token = 0;
+};
+
+// A deterministic prompt spread over the vocabulary.
+std::vector<int32_t> prompt_of(int64_t n, int64_t vocab) {
+    std::vector<int32_t> p;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int64_t i = 0; i < n; ++i) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p.push_back(int32_t((x >> 33) % uint64_t(vocab)));
+    }
+    return p;
+}
+
+result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source, int64_t prompt_len, int64_t n) {
+    counting_source count(source, *s.files);
+    dsv41::model mdl(s.hp(), s.weights(), nullptr, count, *s.compute, s.model->options());
+    const auto prompt = prompt_of(prompt_len, s.hp().vocab);
+    auto seq = mdl.new_sequence(prompt_len + n + 1, 16);
+    std::vector<float> logits;
+    decode_figures f;
+    // Warm-up forward (first-use costs), then the timed prefill on a fresh sequence.
+    {
+        auto warm = mdl.new_sequence(prompt_len + 1, 16);
+        dsv41::forward_item w{warm.get(), {prompt.data(), std::min<size_t>(prompt.size(), 64)}, false};
+        if (auto st = mdl.forward({&w, 1}, logits); !st) return st.err();
+    }
+    auto t0 = clock_type::now();
+    dsv41::forward_item item{seq.get(), prompt, false};
+    if (auto st = mdl.forward({&item, 1}, logits); !st) return st.err();
+    f.prefill_tps = double(prompt_len) / since(t0);
+    count.take_bytes();
+    const auto launches0 = cuda::stats(*s.compute).launches;
+    int64_t expert_bytes = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        t0 = clock_type::now();
+        dsv41::forward_item step{seq.get(), {&next, 1}, false};
+        if (auto st = mdl.forward({&step, 1}, logits); !st) return st.err();
+        f.token_s.push_back(since(t0));
+        expert_bytes += count.take_bytes();
+    }
+    f.launches_per_token = double(cuda::stats(*s.compute).launches - launches0) / double(n);
+    f.expert_bytes_per_token = double(expert_bytes) / double(n);
+    return f;
+}
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len) {
+    moestream_config c = cfg;
+    c.runtime.backend = "cuda";
+    auto session = open_model_session(c, false, false);
+    if (!session) return fail(name, session.message());
+    auto& s = **session;
+    backend& gpu = *s.compute;
+    std::printf("bench decode --backend cuda: %s on %s | %lld of %lld experts in VRAM slots | %lld-token prompt, %lld "
+                "decode steps, greedy\n",
+                cfg.model.path.c_str(), gpu.device_description().c_str(), static_cast<long long>(s.slots->slots()),
+                static_cast<long long>(device_experts::total_experts(*s.files)), static_cast<long long>(prompt_len),
+                static_cast<long long>(n));
+    auto copy = cuda::copy_seconds(gpu, size_t(1) << 30, 9);
+    if (!copy) return fail(name, copy.message());
+    const double d2d = 2.0 * double(size_t(1) << 30) / copy->median;
+    // An empty launch's cost: many one-element ops, timed on the device.
+    backend_array<float> one(gpu, 1);
+    constexpr int kProbe = 2000;
+    auto launch = cuda::device_seconds(gpu, [&] {
+        for (int i = 0; i < kProbe; ++i) gpu.round_bf16(one.data(), 1);
+    });
+    if (!launch) return fail(name, launch.message());
+    const double per_launch = *launch / kProbe;
+    auto g = decode_on(s, *s.slots, prompt_len, n);
+    if (!g) return fail(name, g.message());
+    const double dense = double(dense_bytes_per_token(s.files->target));
+    const double bytes = dense + g->expert_bytes_per_token;
+    const double t_gpu = median(g->token_s);
+    const double bytes_floor = bytes / d2d, launch_floor = g->launches_per_token * per_launch;
+    std::printf("device-to-device copy: %.0f GB/s; an empty launch: %.2f us\n", d2d / 1e9, per_launch * 1e6);
+    std::printf("GPU: prefill %.0f tok/s; decode %.3f ms/token (median of %lld; %.3f-%.3f), %.0f tok/s; %.0f kernel "
+                "launches per token (the published port: 6,669)\n",
+                g->prefill_tps, t_gpu * 1e3, static_cast<long long>(n),
+                *std::min_element(g->token_s.begin(), g->token_s.end()) * 1e3,
+                *std::max_element(g->token_s.begin(), g->token_s.end()) * 1e3, 1.0 / t_gpu, g->launches_per_token);
+    std::printf("floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + launch floor %.3f ms "
+                "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
+                bytes / 1e6, dense / 1e6, g->expert_bytes_per_token / 1e6, bytes_floor * 1e3, launch_floor * 1e3,
+                (bytes_floor + launch_floor) * 1e3, t_gpu / (bytes_floor + launch_floor));
+    // The CPU backend on the same prompt, for the ratio.
+    c.runtime.backend = "cpu";
+    auto cpu_session = open_model_session(c, false, false);
+    if (!cpu_session) return fail(name, cpu_session.message());
+    auto& cs = **cpu_session;
+    touch_pages(cs.files->target);
+    auto cf = decode_on(cs, *cs.experts, prompt_len, std::min<int64_t>(n, 16));
+    if (!cf) return fail(name, cf.message());
+    const double t_cpu = median(cf->token_s);
+    std::printf("CPU (%s): prefill %.0f tok/s; decode %.3f ms/token: the GPU decodes %.1fx faster\n",
+                cs.compute->device_description().c_str(), cf->prefill_tps, t_cpu * 1e3, t_cpu / t_gpu);
+    return 0;
+}
+
+#else
+
+int run_gpu_decode(std::string_view name, const moestream_config&, int64_t, int64_t) {
+    return fail(name, "--backend cuda: this build has no CUDA backend (nvcc was not found when it was built)");
+}
+
+#endif
+
+}  // namespace moestream::tools

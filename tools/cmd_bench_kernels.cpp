@@ -1,0 +1,120 @@
+// moestream bench kernels: the CUDA matmul kernels on the expert and dense shapes of mini and of
+// flash (random weights of those shapes, rotated over more than the L2), for MXFP4, Q8_0 and BF16
+// at batch 1, 2 and 4, as a fraction of the device-to-device copy bandwidth measured in the same
+// run (read + write bytes per second), with cuBLAS BF16 on the same shapes beside them.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "tools/command.h"
+
+#if MOESTREAM_HAVE_CUDA
+#include "model/cuda/cuda_backend.h"
+#include "model/cuda/kernel_bench.h"
+#endif
+
+namespace moestream::tools {
+namespace {
+
+constexpr std::string_view kName = "bench kernels";
+
+#if MOESTREAM_HAVE_CUDA
+
+struct shape {
+    const char* model;
+    const char* what;
+    int64_t rows, cols;
+    int jobs;
+    bool pair;
+    bool expert;  // routed experts (MXFP4, Q8_0, BF16 compared); dense: the file's types
+};
+
+// One layer's matmuls of each model (dsv41-architecture.md §2, §7.1): the 6 routed experts'
+// gate/up pairs and downs, each set as one launch, and the dense projections a decode step runs.
+const shape kShapes[] = {
+    {"mini", "experts gate+up (6 pairs)", 512, 1024, 6, true, true},
+    {"mini", "experts down (6)", 1024, 512, 6, false, true},
+    {"mini", "wq_b", 4096, 256, 1, false, false},
+    {"mini", "wo_b", 1024, 1024, 1, false, false},
+    {"mini", "shared gate+up", 512, 1024, 1, true, false},
+    {"mini", "lm head", 129280, 1024, 1, false, false},
+    {"flash", "experts gate+up (6 pairs)", 2304, 5120, 6, true, true},
+    {"flash", "experts down (6)", 5120, 2304, 6, false, true},
+    {"flash", "wq_a", 1280, 5120, 1, false, false},
+    {"flash", "wq_b", 32768, 1280, 1, false, false},
+    {"flash", "wo_b", 5120, 8192, 1, false, false},
+    {"flash", "shared gate+up", 2304, 5120, 1, true, false},
+};
+
+int run(const cli::args& a) {
+    auto rounds = a.get_int("rounds", 15);
+    if (!rounds) return usage_error(kName, rounds.message());
+    if (*rounds < 3) return usage_error(kName, "--rounds must be >= 3");
+    const std::string only = a.get_or("shapes", "mini,flash");
+    auto be = cuda::make_backend({});
+    if (!be) return fail(kName, be.message());
+    backend& gpu = **be;
+    std::printf("bench kernels: %s, median of %lld rounds (min-max)\n", gpu.device_description().c_str(),
+                static_cast<long long>(*rounds));
+    auto copy = cuda::copy_seconds(gpu, size_t(2) << 30, int(*rounds));
+    if (!copy) return fail(kName, copy.message());
+    const double d2d = 2.0 * double(size_t(2) << 30) / copy->median;
+    std::printf("device-to-device copy (2 GiB, read + write): %.0f GB/s (%.0f-%.0f)\n\n", d2d / 1e9,
+                2.0 * double(size_t(2) << 30) / copy->max / 1e9, 2.0 * double(size_t(2) << 30) / copy->min / 1e9);
+    std::printf("%-6s %-26s %-6s %5s %10s %8s %7s %14s %7s\n", "model", "matmuls", "type", "batch", "us", "GB/s",
+                "ratio", "cuBLAS bf16 us", "ratio");
+    for (const auto& s : kShapes) {
+        if (only.find(s.model) == std::string::npos) continue;
+        const std::vector<ggml_type> types = s.expert ? std::vector<ggml_type>{ggml_type::mxfp4, ggml_type::q8_0, ggml_type::bf16}
+                                                      : std::vector<ggml_type>{ggml_type::q8_0, ggml_type::bf16};
+        for (ggml_type t : types)
+            for (int64_t n : {1, 2, 4}) {
+                const cuda::matmul_case c{t, s.rows, s.cols, s.jobs, s.pair};
+                auto ours = cuda::matmul_seconds(gpu, c, n, int(*rounds));
+                if (!ours) return fail(kName, ours.message());
+                const double gbps = cuda::weight_bytes(c) / ours->median;
+                std::printf("%-6s %-26s %-6s %5lld %10.1f %8.0f %7.3f", s.model, s.what, std::string(dtype_name(t)).c_str(),
+                            static_cast<long long>(n), ours->median * 1e6, gbps / 1e9, gbps / d2d);
+                if (t == ggml_type::bf16 || t == types.front()) {
+                    auto cb = cuda::cublas_bf16_seconds(gpu, c, n, int(*rounds));
+                    if (cb) {
+                        cuda::matmul_case bf = c;
+                        bf.type = ggml_type::bf16;
+                        std::printf(" %14.1f %7.3f", cb->median * 1e6, cuda::weight_bytes(bf) / cb->median / d2d);
+                    } else {
+                        std::printf("  (%s)", cb.message().c_str());
+                    }
+                }
+                std::printf("\n");
+                std::fflush(stdout);
+            }
+    }
+    const auto st = cuda::stats(gpu);
+    std::printf("\n%llu kernel launches\n", static_cast<unsigned long long>(st.launches));
+    return 0;
+}
+
+#else
+
+int run(const cli::args&) { return fail(kName, "this build has no CUDA backend (nvcc was not found when it was built)"); }
+
+#endif
+
+const std::vector<cli::option_spec>& options() {
+    static const std::vector<cli::option_spec> specs = {
+        {"rounds", "N", "timed rounds per case, median reported (default 15)"},
+        {"shapes", "LIST", "mini, flash or both (default mini,flash)"},
+    };
+    return specs;
+}
+
+const command kCommand{kName, "[--rounds N] [--shapes mini,flash]",
+                       "The CUDA matmul kernels on mini's and flash's expert and dense shapes (MXFP4, Q8_0, BF16 at "
+                       "batch 1, 2, 4) as a fraction of the device-to-device copy bandwidth measured in the same run, "
+                       "beside cuBLAS BF16 on the same shapes.",
+                       options(), run};
+MS_REGISTER_COMMAND(kCommand);
+
+}  // namespace
+}  // namespace moestream::tools
