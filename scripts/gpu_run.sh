@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: scripts/gpu_run.sh [tests] [kernels] [decode] (default: all three)
+# Usage: scripts/gpu_run.sh [tests] [cli] [kernels] [decode] (default: all four)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=$PWD/.gpu
@@ -12,12 +12,14 @@ export MOESTREAM_SHARED_DIR=$G/shared
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 BIN=$G/bin/moestream
-what=${*:-tests kernels decode}
+what=${*:-tests cli kernels decode}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [[ $what == *tests* ]]; then
   (cd /tmp && timeout 300 "$G/bin/test_cuda" --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
   summary+=("test_cuda exit $?: $(grep -E 'Test module|failure|error' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')")
+fi
+if [[ $what == *cli* ]]; then
   # Start-up errors: one clear line, exit 1.
   if [[ -f $G/tokenizer.json.gz ]]; then
     mkdir -p /tmp/moestream-deps/tokenizer-deepseek_v3/models
@@ -39,6 +41,10 @@ print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, c
     echo "expert cache larger than the card: exit $?" >> "$OUT/cli.log"
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --backend cuda --ctx-size 1048576 --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
     echo "largest context: exit $?" >> "$OUT/cli.log"
+    # More sequence state than the card holds: 1024 sequences of 1M tokens.
+    echo '{"runtime": {"sequences_max": 1024, "context_tokens": 1048576}}' > /tmp/huge.json
+    timeout 60 "$BIN" serve --model /tmp/tiny.gguf --port 0 --config /tmp/huge.json >> "$OUT/cli.log" 2>&1
+    echo "serve with 1024 x 1M-token sequences: exit $?" >> "$OUT/cli.log"
     CUDA_VISIBLE_DEVICES= "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2 --backend cuda --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
     echo "no visible GPU: exit $?" >> "$OUT/cli.log"
     summary+=("cli: $(grep -c . "$OUT/cli.log") lines in cli.log")

@@ -162,14 +162,20 @@ class cuda_backend final : public backend {
                     k.swiglu_limit = j.swiglu_limit;
                     k.flags |= kernels::kSwiglu;
                 }
-                k.first_block = blocks;
-                const int64_t job_blocks = kernels::plan_matmul(k);
+                const int64_t job_blocks = kernels::plan_matmul(k, kernels::kMatmulBlockRows);
                 MS_ASSERT_MSG(job_blocks >= 0, "matmul: rows too long for the kernel's shared memory");
                 blocks += job_blocks;
                 shared = std::max(shared, kernels::matmul_shared_bytes(k.n, k.cols));
                 mm_jobs_.push_back(k);
             }
             if (mm_jobs_.empty()) continue;
+            // The launch's rows per block, then each job's first block.
+            const int block_rows = kernels::matmul_block_rows(blocks);
+            blocks = 0;
+            for (auto& k : mm_jobs_) {
+                k.first_block = blocks;
+                blocks += kernels::plan_matmul(k, block_rows);
+            }
             const auto* dev = stage_array(mm_jobs_);
             launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), blocks, shared), "matmul");
         }

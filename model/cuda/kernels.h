@@ -54,9 +54,11 @@ constexpr int matmul_group_rows(int64_t cols) {
     return int(fit < kMatmulRows ? fit : kMatmulRows);
 }
 // Sets the job's block_rows and returns the blocks it needs (-1 when its rows are too long for
-// the shared memory). More rows per block share one copy of x; fewer give a small matrix enough
-// blocks to fill the GPU. The split never changes a value.
-int64_t plan_matmul(mm_job& job);
+// the shared memory). More rows per block share one copy of x; fewer give a small launch enough
+// blocks to fill the GPU: matmul_block_rows picks them from the launch's blocks at
+// kMatmulBlockRows. The split never changes a value.
+int64_t plan_matmul(mm_job& job, int block_rows);
+int matmul_block_rows(int64_t blocks_at_most_rows);
 // The shared memory the job's blocks use.
 size_t matmul_shared_bytes(int64_t n, int64_t cols);
 // Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4); total_blocks = Σ blocks;

@@ -19,69 +19,96 @@ namespace {
 
 constexpr int kThreads = kMatmulWarps * kWarp;
 
-// The 32 weights of chunk b of a row (zeros past cols) and the chunk's scale.
+// Chunk b of a row in two steps: fetch() issues its loads into `raw`, decode() turns them into
+// the 32 weights (zeros past cols) and the chunk's scale. A lane fetches kAhead chunks before it
+// decodes the first, so that many loads are in flight per lane (the MXFP4 chunk is 17 bytes:
+// one at a time left the memory system idle); the chunks are still added in order.
 template <ggml_type T>
 struct chunk_decoder;
 
 template <>
 struct chunk_decoder<ggml_type::f32> {
-    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
-                                                float& scale) {
-        scale = 1.0f;
+    static constexpr int kAhead = 1;
+    struct raw {
+        float v[32];
+    };
+    static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t cols, raw& r) {
         const float* p = reinterpret_cast<const float*>(row) + b * 32;
         const int64_t left = cols - b * 32;
         if (left >= 32 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
-                w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+                r.v[4 * i] = v.x, r.v[4 * i + 1] = v.y, r.v[4 * i + 2] = v.z, r.v[4 * i + 3] = v.w;
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < 32; ++j) w[j] = j < left ? __ldg(p + j) : 0.0f;
+            for (int j = 0; j < 32; ++j) r.v[j] = j < left ? __ldg(p + j) : 0.0f;
         }
+    }
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
+        scale = 1.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) w[j] = r.v[j];
     }
 };
 
 template <>
-struct chunk_decoder<ggml_type::bf16> {
-    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
-                                                float& scale) {
+struct chunk_decoder<ggml_type::f16> {
+    static constexpr int kAhead = 1;
+    struct raw {
+        float v[32];
+    };
+    static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t cols, raw& r) {
+        const __half* p = reinterpret_cast<const __half*>(row) + b * 32;
+        const int64_t left = cols - b * 32;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) r.v[j] = j < left ? __half2float(p[j]) : 0.0f;
+    }
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
         scale = 1.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) w[j] = r.v[j];
+    }
+};
+
+// 32 bf16 values as 16 words (value 2i in the low half of word i; zero bits past cols).
+template <>
+struct chunk_decoder<ggml_type::bf16> {
+    static constexpr int kAhead = 1;  // 64 bytes a chunk already; two spill
+    struct raw {
+        uint32_t words[16];
+    };
+    static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t cols, raw& r) {
         const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + b * 32;
         const int64_t left = cols - b * 32;
         if (left >= 32 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-                const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    w[8 * i + 2 * k] = bf16_bits_value(words[k] & 0xffffu);
-                    w[8 * i + 2 * k + 1] = bf16_bits_value(words[k] >> 16);
-                }
+                r.words[4 * i] = v.x, r.words[4 * i + 1] = v.y, r.words[4 * i + 2] = v.z, r.words[4 * i + 3] = v.w;
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < 32; ++j) w[j] = j < left ? bf16_bits_value(__ldg(p + j)) : 0.0f;
+            for (int i = 0; i < 16; ++i) {
+                const uint32_t lo = 2 * i < left ? __ldg(p + 2 * i) : 0u;
+                const uint32_t hi = 2 * i + 1 < left ? __ldg(p + 2 * i + 1) : 0u;
+                r.words[i] = lo | (hi << 16);
+            }
+        }
+    }
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
+        scale = 1.0f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            w[2 * i] = bf16_bits_value(r.words[i] & 0xffffu);
+            w[2 * i + 1] = bf16_bits_value(r.words[i] >> 16);
         }
     }
 };
 
-template <>
-struct chunk_decoder<ggml_type::f16> {
-    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t cols, float (&w)[32],
-                                                float& scale) {
-        scale = 1.0f;
-        const __half* p = reinterpret_cast<const __half*>(row) + b * 32;
-        const int64_t left = cols - b * 32;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) w[j] = j < left ? __half2float(p[j]) : 0.0f;
-    }
-};
-
 // Small integers as floats without the (quarter-rate) conversion instruction: byte k of `word`
-// below 2^8 placed in the mantissa of 2^23 (0x4B0000bb), then 2^23 (plus `bias`) taken away;
+// placed in the mantissa of 2^23 (0x4B0000bb), then `minus` (2^23, plus an offset) taken away;
 // exact.
 __device__ __forceinline__ float byte_as_float(uint32_t word, int k, float minus) {
     return __fsub_rn(__uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | uint32_t(k))), minus);
@@ -91,16 +118,18 @@ __device__ __forceinline__ float byte_as_float(uint32_t word, int k, float minus
 // offset by 128 (xor 0x80) to be bytes, and the offset taken away with 2^23.
 template <>
 struct chunk_decoder<ggml_type::q8_0> {
-    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t, float (&w)[32],
-                                                float& scale) {
-        const uint8_t* blk = row + b * 34;
+    static constexpr int kAhead = 2;
+    struct raw {
         uint32_t words[9];  // bytes 0..35: d in bytes 0-1, qs in 2..33
-        load_words<9>(blk, words);
-        const uint16_t d = uint16_t(words[0] & 0xffffu);
-        scale = __half2float(__ushort_as_half(d));
+    };
+    static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t, raw& r) {
+        load_words<9>(row + b * 34, r.words);
+    }
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
+        scale = __half2float(__ushort_as_half(uint16_t(r.words[0] & 0xffffu)));
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            const uint32_t q = __funnelshift_r(words[i], words[i + 1], 16) ^ 0x80808080u;  // qs 4i..4i+3
+            const uint32_t q = __funnelshift_r(r.words[i], r.words[i + 1], 16) ^ 0x80808080u;  // qs 4i..4i+3
 #pragma unroll
             for (int k = 0; k < 4; ++k) w[4 * i + k] = byte_as_float(q, k, 8388736.0f);  // 2^23 + 128
         }
@@ -113,6 +142,13 @@ struct chunk_decoder<ggml_type::q8_0> {
 // 3-bit codes: bytes 0, 2, 1, 3 of the result), the sign bit put on the float.
 template <>
 struct chunk_decoder<ggml_type::mxfp4> {
+    static constexpr int kAhead = 4;
+    struct raw {
+        uint32_t words[5];  // bytes 0..19
+    };
+    static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t, raw& r) {
+        load_words<5>(row + b * 17, r.words);
+    }
     static __device__ __forceinline__ void low_nibbles(uint32_t q, float* out) {
         const uint32_t code = q & 0x07070707u;
         const uint32_t mag = __byte_perm(0x03020100u, 0x0C080604u, code | (code >> 12));
@@ -123,15 +159,11 @@ struct chunk_decoder<ggml_type::mxfp4> {
             out[k] = __uint_as_float(__float_as_uint(v) ^ ((q << (28 - 8 * k)) & 0x80000000u));
         }
     }
-    static __device__ __forceinline__ void load(const uint8_t* row, int64_t b, int64_t, float (&w)[32],
-                                                float& scale) {
-        const uint8_t* blk = row + b * 17;
-        uint32_t words[5];  // bytes 0..19
-        load_words<5>(blk, words);
-        scale = numeric::e8m0_half_value(uint8_t(words[0] & 0xffu));
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
+        scale = numeric::e8m0_half_value(uint8_t(r.words[0] & 0xffu));
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const uint32_t q = __funnelshift_r(words[i], words[i + 1], 8);  // qs bytes 4i..4i+3
+            const uint32_t q = __funnelshift_r(r.words[i], r.words[i + 1], 8);  // qs bytes 4i..4i+3
             low_nibbles(q, &w[4 * i]);
             low_nibbles(q >> 4, &w[16 + 4 * i]);
         }
@@ -169,13 +201,29 @@ __device__ __forceinline__ void matmul_row(const mm_job& jb, const float* xs, in
     float acc[kMatmulRows], accu[kMatmulRows];
 #pragma unroll
     for (int r = 0; r < kMatmulRows; ++r) acc[r] = 0.0f, accu[r] = 0.0f;
-    for (int64_t b = lane; b < chunks; b += kWarp) {
-        float w[32], scale;
-        chunk_decoder<T>::load(wrow, b, jb.cols, w, scale);
-        chunk_dots(w, scale, xs, row_floats, nr, b, acc);
-        if (urow) {
-            chunk_decoder<T>::load(urow, b, jb.cols, w, scale);
-            chunk_dots(w, scale, xs, row_floats, nr, b, accu);
+    using dec = chunk_decoder<T>;
+    constexpr int ahead = dec::kAhead;
+    for (int64_t b0 = lane; b0 < chunks; b0 += kWarp * ahead) {
+        // Every fetch first (a chunk past the row fetches the row's last one, so no load is
+        // conditional), then the chunks in order.
+        typename dec::raw rw[ahead], ru[ahead];
+#pragma unroll
+        for (int a = 0; a < ahead; ++a) {
+            const int64_t b = b0 + a * kWarp < chunks ? b0 + a * kWarp : chunks - 1;
+            dec::fetch(wrow, b, jb.cols, rw[a]);
+            if (urow) dec::fetch(urow, b, jb.cols, ru[a]);
+        }
+#pragma unroll
+        for (int a = 0; a < ahead; ++a) {
+            const int64_t b = b0 + a * kWarp;
+            if (b >= chunks) break;
+            float w[32], scale;
+            dec::decode(rw[a], w, scale);
+            chunk_dots(w, scale, xs, row_floats, nr, b, acc);
+            if (urow) {
+                dec::decode(ru[a], w, scale);
+                chunk_dots(w, scale, xs, row_floats, nr, b, accu);
+            }
         }
     }
 #pragma unroll
@@ -253,16 +301,21 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
 
 }  // namespace
 
-int64_t plan_matmul(mm_job& job) {
+int64_t plan_matmul(mm_job& job, int block_rows) {
     const int group = matmul_group_rows(job.cols);
     if (group == 0) return -1;
     const int64_t groups = (job.n + group - 1) / group;
-    // Enough blocks for two per SM of a 132-SM part, else the fewest rows per block.
+    job.block_rows = block_rows;
+    return groups * ((job.rows + block_rows - 1) / block_rows);
+}
+
+int matmul_block_rows(int64_t blocks_at_most_rows) {
+    // Enough blocks for two per SM of a 132-SM part, else fewer rows per block.
     constexpr int64_t kEnough = 264;
     int rows = kMatmulBlockRows;
-    while (rows > kMatmulWarps && groups * ((job.rows + rows - 1) / rows) < kEnough) rows /= 2;
-    job.block_rows = rows;
-    return groups * ((job.rows + rows - 1) / rows);
+    int64_t blocks = blocks_at_most_rows;
+    while (rows > kMatmulWarps && blocks < kEnough) rows /= 2, blocks *= 2;
+    return rows;
 }
 
 size_t matmul_shared_bytes(int64_t n, int64_t cols) {
