@@ -11,7 +11,10 @@ trap 'rm -rf "$WORK"' EXIT
 # shellcheck source=tests/cli/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-"$BIN" --help | grep -q forge || fail "--help does not list forge"
+# (Captured first: `| grep -q` would close the pipe early, and the overview, larger than one
+# stdio buffer, would die of SIGPIPE under pipefail.)
+overview=$("$BIN" --help)
+grep -q forge <<<"$overview" || fail "--help does not list forge"
 for c in forge inspect tokenize detokenize chat-template "bench tokenizer" "bench quant"; do
   # shellcheck disable=SC2086
   "$BIN" $c --help | grep -q "usage: moestream $c" || fail "$c --help"

@@ -155,6 +155,14 @@ if [[ -f $TOKJSON ]]; then
   n=$(wc -w <<<"$out")
   (( n >= 1 && n <= 5 )) || fail "-n 5 gave $n tokens: $out"
   [[ $out =~ ^[0-9\ ]+$ ]] || fail "--prompt-tokens prints ids: $out"
+  # --backend: the CPU always runs; where no GPU is usable, cuda refuses in one clear line.
+  "$BIN" generate --model "$X" --prompt-tokens 1,2,3 -n 2 --backend cpu >/dev/null 2>&1 || fail "generate --backend cpu"
+  expect_fail 2 "must be auto, cpu or cuda" "$BIN" generate --model "$X" --prompt-tokens 1,2,3 --backend gpu
+  if ! nvidia-smi -L >/dev/null 2>&1; then
+    expect_fail 1 "moestream generate: --backend cuda: " "$BIN" generate --model "$X" --prompt-tokens 1,2,3 -n 2 --backend cuda
+    out=$("$BIN" logits --model "$X" --tokens 1,2 --out "$WORK/l.f32" --backend cuda 2>&1) && fail "logits --backend cuda ran"
+    [[ $(wc -l <<<"$out") == 1 ]] || fail "--backend cuda without a GPU says more than one line: $out"
+  fi
   # The context limit stops generation with a message.
   "$BIN" generate --model "$X" --prompt-tokens 1,2,3 -n 100 --ctx-size 16 >/dev/null 2>"$WORK/err" || fail "ctx stop"
   grep -q "context limit of 16 tokens" "$WORK/err" || fail "context limit message: $(cat "$WORK/err")"

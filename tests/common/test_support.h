@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/test/unit_test.hpp>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -9,8 +10,12 @@
 
 namespace moestream::test {
 
-// ../shared (fixtures and docs), as configured at build time.
-inline std::filesystem::path shared_dir() { return MOESTREAM_SHARED_DIR; }
+// ../shared (fixtures and docs), as configured at build time, or where the environment's
+// MOESTREAM_SHARED_DIR says (a GPU machine, where the fixtures travel inside the checkout).
+inline std::filesystem::path shared_dir() {
+    if (const char* env = std::getenv("MOESTREAM_SHARED_DIR"); env && *env) return env;
+    return MOESTREAM_SHARED_DIR;
+}
 inline std::filesystem::path fixtures_dir() { return shared_dir() / "fixtures"; }
 inline std::filesystem::path source_dir() { return MOESTREAM_SOURCE_DIR; }
 inline std::filesystem::path binary_dir() { return MOESTREAM_BINARY_DIR; }

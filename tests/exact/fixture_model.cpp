@@ -12,25 +12,53 @@ namespace moestream::test {
 
 std::string fixture_path(const std::string& name) { return (fixtures_dir() / name).string(); }
 
-fixture_model& fixture(const std::string& name, int threads, bool lossless) {
-    static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<fixture_model>> cache;
-    auto& slot = cache[{name, threads, lossless}];
-    if (slot) return *slot;
-    const auto dir = scratch_dir("exact-" + name + "-" + std::to_string(threads) + (lossless ? "-lossless" : ""));
+namespace {
+
+std::unique_ptr<loaded_model> convert_and_load(const std::string& name, const std::string& tag, bool lossless) {
+    const auto dir = scratch_dir("exact-" + name + "-" + tag + (lossless ? "-lossless" : ""));
     convert::options o{fixture_path(name), (dir / "target.gguf").string(), (dir / "draft.gguf").string(), 1};
     o.lossless = lossless;
     auto st = convert::convert_checkpoint(o, [](std::string_view) {});
     if (!st.ok()) BOOST_FAIL("convert " << name << ": " << st.message());
     auto files = load_model(o.out, o.draft_out);
     if (!files.ok()) BOOST_FAIL("load " << name << ": " << files.message());
+    return std::move(*files);
+}
+
+}  // namespace
+
+fixture_model& fixture(const std::string& name, int threads, bool lossless) {
+    static std::map<std::tuple<std::string, int, bool>, std::unique_ptr<fixture_model>> cache;
+    auto& slot = cache[{name, threads, lossless}];
+    if (slot) return *slot;
     slot = std::make_unique<fixture_model>();
     slot->dir = fixture_path(name);
-    slot->files = std::move(*files);
+    slot->files = convert_and_load(name, std::to_string(threads), lossless);
     slot->backend = std::make_unique<cpu_backend>(threads);
     slot->experts = std::make_unique<resident_experts>(*slot->files);
     slot->model = std::make_unique<dsv41::model>(slot->files->hp, slot->files->weights, &*slot->files->draft,
                                                  *slot->experts, *slot->backend);
     return *slot;
+}
+
+std::unique_ptr<fixture_model> fixture_on(std::unique_ptr<backend> be, const std::string& name, bool lossless,
+                                          int64_t expert_slots) {
+    auto m = std::make_unique<fixture_model>();
+    m->dir = fixture_path(name);
+    // Its own load (the files are small): the fixture owns what its model views.
+    m->files = convert_and_load(name, std::string("on-") + be->name() + "-" + std::to_string(expert_slots), lossless);
+    m->backend = std::move(be);
+    auto dev = upload_dense_weights(*m->backend, *m->files);
+    if (!dev.ok()) BOOST_FAIL("upload " << name << ": " << dev.message());
+    m->device = std::move(*dev);
+    const int64_t total = device_experts::total_experts(*m->files);
+    const int64_t slots = expert_slots > 0 ? expert_slots : total;
+    auto ex = device_experts::create(*m->backend, *m->files, slots, slots >= total);
+    if (!ex.ok()) BOOST_FAIL("expert slots " << name << ": " << ex.message());
+    m->experts = std::move(*ex);
+    m->model = std::make_unique<dsv41::model>(m->files->hp, m->device->weights, &*m->device->draft, *m->experts,
+                                              *m->backend);
+    return m;
 }
 
 namespace {

@@ -8,108 +8,10 @@
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
-#include "scheduler/recorded_picks.h"
+#include "reference_checks.h"
 
 namespace moestream::test {
 namespace {
-
-struct run_result {
-    std::vector<double> prefill_corr, decode_corr, draft_corr;
-    double whole = 0, median = 0, min = 1;
-    double main_hidden_min = 1;
-    std::vector<float> confidence, ref_confidence;
-};
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
-
-run_result run_prompt(const std::string& fx, int len, bool forced, bool ref_compat, bool act_quant = false) {
-    auto& m = fixture(fx, 2, act_quant);
-    const auto path = fixture_path(fx) + "/prompt_len" + std::to_string(len) + ".safetensors";
-    const int64_t V = m.hp().vocab;
-    auto picks = recorded_picks::load(path, m.hp());
-    if (!picks.ok()) BOOST_FAIL(picks.message());
-    m.model->set_options({ref_compat, forced ? &*picks : nullptr, nullptr, act_quant});
-    auto seq = m.sequence();
-    const auto& ids = picks->input_ids();
-    const auto& gen = picks->generated_ids();
-    const auto ref_prefill = read_f32(path, "prefill_logits");
-    const auto ref_decode = read_f32(path, "decode_logits");
-    const auto draft_ids = read_i64(path, "dspark_draft_ids");
-    const auto ref_draft = read_f32(path, "dspark_draft_logits");
-    const auto ref_hidden = read_f32(path, "dspark_main_hidden_decode");
-
-    run_result r;
-    r.ref_confidence = read_f32(path, "dspark_confidence");
-    std::vector<float> logits, all_ours, all_ref;
-    dsv41::forward_item item{seq.get(), ids, true};
-    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
-    for (int t = 0; t < len; ++t) r.prefill_corr.push_back(correlation(logits.data() + t * V, ref_prefill.data() + t * V, V));
-    all_ours = logits;
-    all_ref.assign(ref_prefill.begin(), ref_prefill.end());
-    const int steps = int(ref_decode.size() / size_t(V));
-    for (int k = 0; k < steps; ++k) {
-        const int32_t tok = gen[size_t(k)];
-        dsv41::forward_item step{seq.get(), {&tok, 1}, true};
-        BOOST_TEST_REQUIRE(m.model->forward({&step, 1}, logits).ok());
-        r.decode_corr.push_back(correlation(logits.data(), ref_decode.data() + k * V, V));
-        all_ours.insert(all_ours.end(), logits.begin(), logits.end());
-        all_ref.insert(all_ref.end(), ref_decode.begin() + k * V, ref_decode.begin() + (k + 1) * V);
-        const auto hidden = seq->last_main_hidden();
-        r.main_hidden_min = std::min(r.main_hidden_min, correlation(hidden.data(), ref_hidden.data() + k * hidden.size(),
-                                                                    int64_t(hidden.size())));
-        // The draft that follows this step, with the recorded draft ids and router picks forced.
-        if (forced) {
-            const int B = m.hp().dspark_block_size;
-            const int64_t* row = draft_ids.data() + k * (B + 1);
-            std::vector<int32_t> drafts(row + 1, row + 1 + B);
-            picks->set_draft_step(k);
-            dsv41::draft_output out;
-            BOOST_TEST_REQUIRE(m.model->draft(*seq, int32_t(row[0]), out, drafts).ok());
-            r.confidence.insert(r.confidence.end(), out.confidence.begin(), out.confidence.end());
-            for (int i = 0; i < B; ++i)
-                r.draft_corr.push_back(correlation(out.logits.data() + i * V, ref_draft.data() + (k * B + i) * V, V));
-        }
-    }
-    std::vector<double> per_pos(r.prefill_corr);
-    per_pos.insert(per_pos.end(), r.decode_corr.begin(), r.decode_corr.end());
-    r.whole = correlation(all_ours.data(), all_ref.data(), int64_t(all_ours.size()));
-    r.median = median(per_pos);
-    r.min = *std::min_element(per_pos.begin(), per_pos.end());
-    m.model->set_options({});
-    return r;
-}
-
-double min_of(const std::vector<double>& v) { return v.empty() ? 1.0 : *std::min_element(v.begin(), v.end()); }
-
-void check_forced(const std::string& fx, double bound, bool act_quant = false) {
-    for (int len : {1, 7, 40}) {
-        const auto r = run_prompt(fx, len, true, false, act_quant);
-        // Confidence logits (one scalar per draft row): correlated over all rows of the prompt.
-        const double cc = correlation(r.confidence.data(), r.ref_confidence.data(), int64_t(r.confidence.size()));
-        BOOST_TEST_MESSAGE(fx << " len " << len << " DSpark confidence corr " << cc);
-        BOOST_TEST(cc >= bound, fx << " len " << len << " DSpark confidence corr " << cc);
-        BOOST_TEST_MESSAGE(fx << " len " << len << " forced picks: prefill min " << min_of(r.prefill_corr)
-                              << ", decode min " << min_of(r.decode_corr) << ", DSpark draft min " << min_of(r.draft_corr)
-                              << ", taps min " << r.main_hidden_min << ", median " << r.median);
-        BOOST_TEST(min_of(r.prefill_corr) >= bound, fx << " len " << len << " prefill min corr " << min_of(r.prefill_corr));
-        BOOST_TEST(min_of(r.decode_corr) >= bound, fx << " len " << len << " decode min corr " << min_of(r.decode_corr));
-        BOOST_TEST(min_of(r.draft_corr) >= bound, fx << " len " << len << " DSpark min corr " << min_of(r.draft_corr));
-        BOOST_TEST(r.main_hidden_min >= bound, fx << " len " << len << " DSpark taps min corr " << r.main_hidden_min);
-    }
-}
-
-void check_free(const std::string& fx) {
-    for (int len : {1, 7, 40}) {
-        const auto r = run_prompt(fx, len, false, true);
-        BOOST_TEST_MESSAGE(fx << " len " << len << " free picks (ref-compat): whole " << r.whole << ", median "
-                              << r.median << ", min " << r.min);
-        BOOST_TEST(r.whole >= 0.98, fx << " len " << len << " whole-prompt corr " << r.whole);
-        BOOST_TEST(r.median >= 0.98, fx << " len " << len << " median per-position corr " << r.median);
-    }
-}
 
 auto needs(const std::string& fx) { return requires_path(fixtures_dir() / fx / "model.safetensors"); }
 
@@ -117,20 +19,26 @@ auto needs(const std::string& fx) { return requires_path(fixtures_dir() / fx / "
 
 BOOST_AUTO_TEST_SUITE(reference)
 
-BOOST_AUTO_TEST_CASE(bf16_forced_picks, *needs("dsv41-tiny-bf16")) { check_forced("dsv41-tiny-bf16", 0.999); }
-BOOST_AUTO_TEST_CASE(bf16_margin_forced_picks, *needs("dsv41-tiny-bf16-margin")) {
-    check_forced("dsv41-tiny-bf16-margin", 0.999);
+BOOST_AUTO_TEST_CASE(bf16_forced_picks, *needs("dsv41-tiny-bf16")) {
+    check_forced(fixture("dsv41-tiny-bf16"), "dsv41-tiny-bf16", 0.999);
 }
-BOOST_AUTO_TEST_CASE(fp8_forced_picks, *needs("dsv41-tiny-fp8")) { check_forced("dsv41-tiny-fp8", 0.98); }
+BOOST_AUTO_TEST_CASE(bf16_margin_forced_picks, *needs("dsv41-tiny-bf16-margin")) {
+    check_forced(fixture("dsv41-tiny-bf16-margin"), "dsv41-tiny-bf16-margin", 0.999);
+}
+BOOST_AUTO_TEST_CASE(fp8_forced_picks, *needs("dsv41-tiny-fp8")) {
+    check_forced(fixture("dsv41-tiny-fp8"), "dsv41-tiny-fp8", 0.98);
+}
 // Simulating the reference's fp8/fp4 activation round trips (§3.8) on exact (BF16-stored) fp8
 // weights. The issue hopes for >= 0.999 here; measured: prefill min 0.989-0.993, median 0.995-0.996
 // (vs 0.993 without), the streams agree to 0.99999 through layer 3 and drift from the layer-4
 // engram/block on (an open question, see docs/model.md). Held to the fp8 contract meanwhile.
 BOOST_AUTO_TEST_CASE(fp8_act_quant_forced_picks, *needs("dsv41-tiny-fp8")) {
-    check_forced("dsv41-tiny-fp8", 0.98, true);
+    check_forced(fixture("dsv41-tiny-fp8", 2, true), "dsv41-tiny-fp8", 0.98, true);
 }
-BOOST_AUTO_TEST_CASE(bf16_free_picks, *needs("dsv41-tiny-bf16")) { check_free("dsv41-tiny-bf16"); }
-BOOST_AUTO_TEST_CASE(bf16_margin_free_picks, *needs("dsv41-tiny-bf16-margin")) { check_free("dsv41-tiny-bf16-margin"); }
+BOOST_AUTO_TEST_CASE(bf16_free_picks, *needs("dsv41-tiny-bf16")) { check_free(fixture("dsv41-tiny-bf16"), "dsv41-tiny-bf16"); }
+BOOST_AUTO_TEST_CASE(bf16_margin_free_picks, *needs("dsv41-tiny-bf16-margin")) {
+    check_free(fixture("dsv41-tiny-bf16-margin"), "dsv41-tiny-bf16-margin");
+}
 
 // The hash rows depend on token ids only and must be exact.
 BOOST_AUTO_TEST_CASE(engram_hash_rows, *needs("dsv41-tiny-bf16")) {
@@ -171,43 +79,8 @@ BOOST_AUTO_TEST_CASE(rope_frequencies, *needs("dsv41-tiny-bf16")) {
 // The streams entering every layer (forced picks, 40-token prompt): a failure names the first
 // layer that diverges.
 BOOST_AUTO_TEST_CASE(layer_streams, *needs("dsv41-tiny-bf16")) {
-    for (const std::string fx : {"dsv41-tiny-bf16", "dsv41-tiny-fp8"}) {
-        auto& m = fixture(fx);
-        const double bound = fx == "dsv41-tiny-fp8" ? 0.98 : 0.999;
-        const auto lpath = fixture_path(fx) + "/layers_len40.safetensors";
-        const auto ppath = fixture_path(fx) + "/prompt_len40.safetensors";
-        std::vector<int64_t> shape;
-        const auto want = read_f32(lpath, "layer_in_streams", &shape);  // [layers, T, hc, dim]
-        const auto want_final = read_f32(ppath, "final_hidden");
-        struct collect final : dsv41::tensor_observer {
-            std::vector<std::vector<float>> layer_in;
-            std::vector<float> final_hidden;
-            void tensor(std::string_view name, int layer, const float* data, std::span<const int64_t> s) override {
-                int64_t n = 1;
-                for (auto d : s) n *= d;
-                if (name == "layer_in") layer_in.emplace_back(data, data + n);
-                if (name == "final_hidden") final_hidden.assign(data, data + n);
-                (void)layer;
-            }
-        } obs;
-        auto picks = recorded_picks::load(ppath, m.hp());
-        BOOST_TEST_REQUIRE(picks.ok());
-        m.model->set_options({false, &*picks, &obs});
-        auto seq = m.sequence();
-        std::vector<float> logits;
-        dsv41::forward_item item{seq.get(), picks->input_ids(), false};
-        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
-        m.model->set_options({});
-        BOOST_TEST_REQUIRE(int64_t(obs.layer_in.size()) == shape[0]);
-        const int64_t per_layer = shape[1] * shape[2] * shape[3];
-        for (int64_t L = 0; L < shape[0]; ++L) {
-            const double c = correlation(obs.layer_in[size_t(L)].data(), want.data() + L * per_layer, per_layer);
-            BOOST_TEST_MESSAGE(fx << " layer " << L << " input streams corr " << c);
-            BOOST_TEST_REQUIRE(c >= bound, fx << ": first divergence at the input of layer " << L << " (corr " << c << ")");
-        }
-        const double cf = correlation(obs.final_hidden.data(), want_final.data(), int64_t(want_final.size()));
-        BOOST_TEST(cf >= bound, fx << " final hidden corr " << cf);
-    }
+    for (const std::string fx : {"dsv41-tiny-bf16", "dsv41-tiny-fp8"})
+        check_layer_streams(fixture(fx), fx, fx == "dsv41-tiny-fp8" ? 0.98 : 0.999);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

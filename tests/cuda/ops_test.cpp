@@ -1,0 +1,452 @@
+// Every CUDA backend op against the CPU backend's on fresh random inputs. Where the kernel
+// mirrors the CPU's operations (kernels.h says which), the bits must be equal; the matmuls
+// (their own fixed order), RoPE (CUDA's sin/cos) and the ops whose exp the CPU takes from glibc
+// are held to relative bounds. The matmuls are also checked to give a row the same bits
+// whatever the batch around it.
+#include <algorithm>
+#include <boost/test/unit_test.hpp>
+#include <numeric>
+
+#include "gpu_support.h"
+#include "model/attention_keys.h"
+#include "model/quant.h"
+
+namespace moestream::test {
+namespace {
+
+// A weight matrix of `type` in both backends' memory (quantized from random values).
+struct weights_pair {
+    backend_array<uint8_t> host, dev;
+    weight_view on_cpu, on_gpu;
+};
+
+weights_pair make_weights(ggml_type type, int64_t rows, int64_t cols, uint32_t seed) {
+    const auto values = float_values(size_t(rows * cols), seed, 0.5f);
+    const int64_t rb = row_bytes(dtype_info(type), cols);
+    std::vector<uint8_t> bytes(size_t(rows * rb));
+    for (int64_t r = 0; r < rows; ++r) quant::quantize_row(type, values.data() + r * cols, bytes.data() + r * rb, cols);
+    weights_pair w{put(cpu(), bytes), put(gpu(), bytes), {}, {}};
+    w.on_cpu = weight_view::contiguous(w.host.data(), type, cols, rows);
+    w.on_gpu = weight_view::contiguous(w.dev.data(), type, cols, rows);
+    return w;
+}
+
+const ggml_type kTypes[] = {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4};
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(cuda_ops)
+
+// fp32 results of every type against the CPU within rounding; every row alone, at any offset
+// in any batch, gives the GPU's own bits.
+BOOST_AUTO_TEST_CASE(matmul_matches_cpu_and_ignores_the_batch) {
+    uint32_t seed = 100;
+    for (ggml_type type : kTypes)
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 64}, {130, 256}, {96, 1056}}) {
+            const auto w = make_weights(type, rows, cols, ++seed);
+            for (int64_t n : {1, 3, 8, 9, 17}) {
+                const int64_t stride = cols + 32;  // rows of x not packed
+                const auto x = bf16_values(size_t(n * stride), ++seed);
+                auto xc = put(cpu(), x), xg = put(gpu(), x);
+                backend_array<float> yc(cpu(), size_t(n * rows)), yg(gpu(), size_t(n * rows));
+                cpu().matmul(w.on_cpu, xc.data(), stride, n, yc.data(), rows, false);
+                gpu().matmul(w.on_gpu, xg.data(), stride, n, yg.data(), rows, false);
+                const auto want = get(cpu(), yc), got = get(gpu(), yg);
+                BOOST_TEST(rel_error(got, want) <= 2e-6, dtype_name(type) << " " << rows << "x" << cols << " n " << n
+                                                                         << ": rel error " << rel_error(got, want));
+                for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 3)) {
+                    backend_array<float> one(gpu(), size_t(rows));
+                    gpu().matmul(w.on_gpu, xg.data() + r * stride, stride, 1, one.data(), rows, false);
+                    const auto alone = get(gpu(), one);
+                    const std::vector<float> in_batch(got.begin() + r * rows, got.begin() + (r + 1) * rows);
+                    REQUIRE_BITS_EQUAL(alone, in_batch);
+                }
+            }
+        }
+}
+
+// A batch of jobs of mixed types, with SwiGLU pairs (routing weights per row), router scores and
+// bf16 rounding: each job as the CPU computes it, and as the GPU computes it alone.
+BOOST_AUTO_TEST_CASE(matmul_batch_pairs_router_and_rounding) {
+    const int64_t cols = 256, inter = 96, experts = 40, n = 5;
+    const auto gate = make_weights(ggml_type::mxfp4, inter, cols, 1), up = make_weights(ggml_type::mxfp4, inter, cols, 2);
+    const auto router = make_weights(ggml_type::f32, experts, cols, 3);
+    const auto dense = make_weights(ggml_type::q8_0, 64, cols, 4);
+    const auto x = bf16_values(size_t(n * cols), 5);
+    const auto rw = float_values(size_t(n), 6);
+    struct side {
+        backend_array<float> x, w, g, u, s, d;
+    };
+    auto run = [&](backend& be, bool on_gpu, bool together) {
+        side s{put(be, x), put(be, rw), backend_array<float>(be, size_t(n * inter)),
+               backend_array<float>(be, size_t(n * inter)), backend_array<float>(be, size_t(n * experts)),
+               backend_array<float>(be, size_t(n * 64))};
+        matmul_job pair{on_gpu ? gate.on_gpu : gate.on_cpu, s.x.data(), cols, n, s.g.data(), inter, true};
+        pair.up = on_gpu ? up.on_gpu : up.on_cpu;
+        pair.u = s.u.data();
+        pair.u_stride = inter;
+        pair.swiglu_limit = 0.75f;  // small, so the clamps bite
+        pair.swiglu_w = s.w.data();
+        const matmul_job score{on_gpu ? router.on_gpu : router.on_cpu, s.x.data(), cols, n, s.s.data(), experts, false,
+                               true};
+        const matmul_job plain{on_gpu ? dense.on_gpu : dense.on_cpu, s.x.data(), cols, n, s.d.data(), 64, true};
+        const std::vector<matmul_job> jobs{pair, score, plain};
+        if (together) be.matmul_batch(jobs);
+        else
+            for (const auto& j : jobs) be.matmul_batch({&j, 1});
+        std::vector<float> all = get(be, s.g);
+        for (auto* a : {&s.u, &s.s, &s.d}) {
+            const auto v = get(be, *a);
+            all.insert(all.end(), v.begin(), v.end());
+        }
+        return all;
+    };
+    const auto want = run(cpu(), false, true);
+    const auto got = run(gpu(), true, true);
+    BOOST_TEST(rel_error(got, want) <= 1e-2, "rel error " << rel_error(got, want));
+    REQUIRE_BITS_EQUAL(run(gpu(), true, false), got);
+}
+
+BOOST_AUTO_TEST_CASE(rms_norm_gives_the_cpu_bits) {
+    for (int64_t dim : {64, 1000, 5120})
+        for (bool weighted : {false, true})
+            for (bool round : {false, true}) {
+                const int64_t n = 7;
+                const auto x = float_values(size_t(n * dim), uint32_t(dim) + weighted, 3.0f);
+                const auto w = float_values(size_t(dim), 9);
+                auto run = [&](backend& be) {
+                    auto xa = put(be, x), wa = put(be, w);
+                    backend_array<float> y(be, x.size());
+                    be.rms_norm(xa.data(), n, dim, weighted ? wa.data() : nullptr, 1e-6f, y.data(), round);
+                    return get(be, y);
+                };
+                REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+            }
+}
+
+BOOST_AUTO_TEST_CASE(small_element_wise_ops_give_the_cpu_bits) {
+    const auto x = float_values(10000, 11, 4.0f), y0 = float_values(10000, 12);
+    auto run = [&](backend& be) {
+        auto a = put(be, x), b = put(be, y0), c = put(be, x);
+        be.round_bf16(a.data(), int64_t(x.size()));
+        be.scale_round(c.data(), int64_t(x.size()), 0.0371f);
+        be.add(b.data(), a.data(), int64_t(x.size()));
+        auto out = get(be, a);
+        for (auto* v : {&b, &c}) {
+            const auto w = get(be, *v);
+            out.insert(out.end(), w.begin(), w.end());
+        }
+        return out;
+    };
+    REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+}
+
+// CUDA's sincosf and glibc's sin/cos may differ in a last bit: a few bf16 flips at most.
+BOOST_AUTO_TEST_CASE(rope_matches_cpu) {
+    const int64_t n = 6, heads = 4, hd = 64, rope_dim = 16;
+    const auto x = bf16_values(size_t(n * heads * hd), 21);
+    std::vector<int64_t> pos{0, 1, 2, 500, 70000, 1048575};
+    std::vector<float> freqs(size_t(rope_dim / 2));
+    for (size_t i = 0; i < freqs.size(); ++i) freqs[i] = 1.0f / std::pow(10000.0f, float(2 * i) / float(rope_dim));
+    for (bool inverse : {false, true}) {
+        auto run = [&](backend& be) {
+            auto a = put(be, x);
+            auto p = put(be, pos);
+            auto f = put(be, freqs);
+            be.rope(a.data(), n, heads * hd, int(heads), hd, rope_dim, p.data(), f.data(), inverse);
+            return get(be, a);
+        };
+        const auto got = run(gpu()), want = run(cpu());
+        BOOST_TEST(rel_error(got, want) <= 2e-3);
+        BOOST_TEST(count_different(got, want) <= got.size() / 50, count_different(got, want) << " values differ");
+    }
+}
+
+BOOST_AUTO_TEST_CASE(embedding_rows_give_the_cpu_bits) {
+    for (ggml_type type : kTypes) {
+        const auto table = make_weights(type, 50, 96, 31);
+        const std::vector<int32_t> tokens{3, 0, 49, 3, 17};
+        auto run = [&](backend& be, const weight_view& t) {
+            auto tk = put(be, tokens);
+            backend_array<float> out(be, tokens.size() * 4 * 96);
+            be.embed(t, tk.data(), int64_t(tokens.size()), 4, out.data());
+            return get(be, out);
+        };
+        REQUIRE_BITS_EQUAL(run(gpu(), table.on_gpu), run(cpu(), table.on_cpu));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(data_movement_gives_the_cpu_bits) {
+    const int64_t n = 9, hc = 4, dim = 96;
+    const auto H = bf16_values(size_t(n * hc * dim), 41);
+    const auto a = float_values(size_t(8 * dim), 42), z = float_values(size_t(8 * dim), 43, 3.0f);
+    const std::vector<int64_t> rows{8, 0, 3, 3, 5};
+    std::vector<uint8_t> e4m3(size_t(6 * 64)), scales(size_t(6 * 2));
+    for (size_t i = 0; i < e4m3.size(); ++i) e4m3[i] = uint8_t(i * 37 % 255);  // 0x7f/0xff are NaN: skipped by % 255
+    for (size_t i = 0; i < scales.size(); ++i) scales[i] = uint8_t(120 + i);
+    auto run = [&](backend& be) {
+        auto h = put(be, H), av = put(be, a), zv = put(be, z);
+        backend_array<float> mean(be, size_t(n * 2 * dim)), moved(be, size_t(4 * dim)), gathered(be, rows.size() * size_t(dim)),
+            pooled(be, size_t(3 * dim)), deq(be, e4m3.size());
+        be.fill(mean.data(), 0, mean.bytes());
+        be.stream_mean(h.data(), n, int(hc), dim, mean.data() + dim, 2 * dim);
+        const std::vector<row_copy> copies{{av.data() + 2 * dim, moved.data()}, {zv.data(), moved.data() + 3 * dim}};
+        be.fill(moved.data(), 0, moved.bytes());
+        be.copy_rows(copies, dim);
+        be.gather_rows(h.data(), hc * dim, rows.data(), int64_t(rows.size()), dim, gathered.data());
+        const std::vector<pair_pool> pools{{av.data(), zv.data(), av.data() + dim, zv.data() + dim, pooled.data()},
+                                           {av.data() + 5 * dim, zv.data() + 5 * dim, av.data() + 7 * dim, zv.data() + 7 * dim,
+                                            pooled.data() + 2 * dim}};
+        be.fill(pooled.data(), 0, pooled.bytes());
+        be.pool_pairs(pools, dim);
+        auto vb = put(be, e4m3), sb = put(be, scales);
+        be.dequant_fp8_rows(vb.data(), sb.data(), 6, 64, deq.data());
+        std::vector<float> out;
+        for (auto* v : {&mean, &moved, &gathered, &pooled, &deq}) {
+            const auto w = get(be, *v);
+            out.insert(out.end(), w.begin(), w.end());
+        }
+        return out;
+    };
+    const auto got = run(gpu()), want = run(cpu());
+    // pool_pairs' exp is glibc's on the CPU: within an ulp or two there, equal elsewhere.
+    BOOST_TEST(rel_error(got, want) <= 1e-6);
+    BOOST_TEST(count_different(got, want) <= size_t(dim), count_different(got, want) << " values differ");
+}
+
+BOOST_AUTO_TEST_CASE(key_stores_give_the_cpu_bits) {
+    for (int64_t hd : {64, 72, 256}) {
+        const auto keys = bf16_values(size_t(5 * hd), uint32_t(hd));
+        auto run = [&](backend& be) {
+            auto k = put(be, keys);
+            backend_array<uint16_t> out(be, size_t(8 * hd));
+            be.fill(out.data(), 0x5a, out.bytes());
+            const std::vector<key_store> jobs{{k.data(), out.data() + 6 * hd, 2}, {k.data() + 2 * hd, out.data(), 3}};
+            be.store_keys(jobs, hd);
+            return get(be, out);
+        };
+        const auto got = run(gpu()), want = run(cpu());
+        BOOST_TEST_REQUIRE((got == want));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(argmax_takes_the_first_maximum) {
+    std::vector<float> x(size_t(3 * 1000));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i * 7919 % 13);  // many ties at the maximum 12
+    x[1500] = 99;
+    auto run = [&](backend& be) {
+        auto a = put(be, x);
+        backend_array<int32_t> out(be, 3);
+        be.argmax_rows(a.data(), 3, 1000, out.data());
+        return get(be, out);
+    };
+    BOOST_TEST((run(gpu()) == run(cpu())));
+}
+
+BOOST_AUTO_TEST_CASE(hyper_connections_match_cpu) {
+    const int64_t n = 5, hc = 4, dim = 128, n_mix = (2 + hc) * hc;
+    const auto H = bf16_values(size_t(n * hc * dim), 51);
+    const auto fn_h = float_values(size_t(n * n_mix), 52, 30.0f);
+    const auto base = float_values(size_t(n_mix), 53), scale = float_values(3, 54);
+    const auto f = bf16_values(size_t(n * dim), 55);
+    const auto fn = make_weights(ggml_type::f32, n_mix, hc * dim, 56);
+    auto run = [&](backend& be, const weight_view& w) {
+        auto h = put(be, H), fh = put(be, fn_h), b = put(be, base), s = put(be, scale), fv = put(be, f);
+        backend_array<float> pre(be, size_t(n * hc)), post(be, size_t(n * hc)), comb(be, size_t(n * hc * hc)),
+            col(be, size_t(n * dim));
+        be.hc_mixes(h.data(), n, int(hc), dim, w, b.data(), s.data(), 20, 1e-6f, 1e-20f, pre.data(), post.data(),
+                    comb.data(), fh.data());
+        be.hc_collapse(h.data(), n, int(hc), dim, pre.data(), col.data());
+        be.hc_expand(fv.data(), h.data(), n, int(hc), dim, post.data(), comb.data(), h.data());
+        std::vector<float> out;
+        for (auto* v : {&pre, &post, &comb, &col, &h}) {
+            const auto x = get(be, *v);
+            out.insert(out.end(), x.begin(), x.end());
+        }
+        return out;
+    };
+    const auto got = run(gpu(), fn.on_gpu), want = run(cpu(), fn.on_cpu);
+    BOOST_TEST(rel_error(got, want) <= 1e-5, "rel error " << rel_error(got, want));
+}
+
+// The MoE's fixed-order sum of expert outputs (rows routed to several experts) and the streams'
+// update it feeds, with y terms (exact) and a weight term (the GPU's matmul: a bound).
+BOOST_AUTO_TEST_CASE(output_sum_matches_cpu) {
+    const int64_t n = 4, dim = 64, hc = 4, cols = 96;
+    const auto y0 = bf16_values(size_t(3 * dim), 61), y1 = bf16_values(size_t(4 * dim), 62);
+    const auto h2 = bf16_values(size_t(n * cols), 63);
+    const auto H = bf16_values(size_t(n * hc * dim), 64);
+    const auto post = float_values(size_t(n * hc), 65), comb = float_values(size_t(n * hc * hc), 66, 0.3f),
+               pre = float_values(size_t(n * hc), 67);
+    const auto w = make_weights(ggml_type::bf16, dim, cols, 68);
+    const std::vector<int64_t> rows0{0, 2, 3};
+    for (bool with_weights : {false, true}) {
+        auto run = [&](backend& be, const weight_view& wv) {
+            auto a = put(be, y0), b = put(be, y1), h = put(be, h2), Hs = put(be, H), po = put(be, post),
+                 co = put(be, comb), pr = put(be, pre);
+            backend_array<float> f(be, size_t(n * dim)), next(be, size_t(n * dim));
+            std::vector<output_term> terms{{{}, nullptr, a.data(), rows0.data(), 3}, {{}, nullptr, b.data(), nullptr, 4}};
+            if (with_weights) terms.push_back({wv, h.data(), nullptr, nullptr, n});
+            const hc_update upd{Hs.data(), po.data(), co.data(), pr.data(), next.data(), int(hc)};
+            be.output_sum(terms, n, dim, f.data(), &upd);
+            std::vector<float> out;
+            for (auto* v : {&f, &Hs, &next}) {
+                const auto x = get(be, *v);
+                out.insert(out.end(), x.begin(), x.end());
+            }
+            return out;
+        };
+        const auto got = run(gpu(), w.on_gpu), want = run(cpu(), w.on_cpu);
+        if (with_weights) BOOST_TEST(rel_error(got, want) <= 1e-2, "rel error " << rel_error(got, want));
+        else REQUIRE_BITS_EQUAL(got, want);
+    }
+}
+
+// Keys from a wrapped ring, this forward's rows and selected entries (up to the first -1).
+BOOST_AUTO_TEST_CASE(attention_matches_cpu) {
+    for (int64_t hd : {64, 80, 512}) {
+        const int heads = 4, cap = 10, fresh = 3, entries = 30;
+        const auto ring_v = bf16_values(size_t(cap * hd), 71), fresh_v = bf16_values(size_t(fresh * hd), 72),
+                   lat_v = bf16_values(size_t(entries * hd), 73);
+        std::vector<uint16_t> ring(ring_v.size()), fr(fresh_v.size()), lat(lat_v.size());
+        store_attention_keys(ring_v.data(), cap, hd, ring.data());
+        store_attention_keys(fresh_v.data(), fresh, hd, fr.data());
+        store_attention_keys(lat_v.data(), entries, hd, lat.data());
+        const auto q = bf16_values(size_t(3 * heads * hd), 74, 2.0f);
+        const auto sinks = float_values(size_t(heads), 75);
+        const std::vector<int32_t> sel{1, 4, 5, 29, -1, -1, 3, 3};
+        for (bool bf16_probs : {false, true}) {
+            auto run = [&](backend& be) {
+                auto r = put(be, ring), f = put(be, fr), l = put(be, lat);
+                auto qa = put(be, q), s = put(be, sinks);
+                auto sl = put(be, sel);
+                backend_array<float> out(be, q.size());
+                std::vector<attention_row> rows(3);
+                for (int i = 0; i < 3; ++i) {
+                    rows[size_t(i)].q = qa.data() + i * heads * hd;
+                    rows[size_t(i)].out = out.data() + i * heads * hd;
+                }
+                rows[0].ring = r.data(), rows[0].ring_capacity = cap, rows[0].ring_first = 7, rows[0].ring_count = 6;
+                rows[0].fresh = f.data(), rows[0].fresh_count = fresh;
+                rows[0].latents = l.data(), rows[0].selection = sl.data(), rows[0].selection_len = int64_t(sel.size());
+                rows[1].fresh = f.data() + hd, rows[1].fresh_count = 2;  // no ring, no selection
+                // rows[2]: no keys at all (zero output)
+                be.attention(rows, heads, hd, 1.0f / std::sqrt(float(hd)), s.data(), bf16_probs);
+                return get(be, out);
+            };
+            const auto got = run(gpu()), want = run(cpu());
+            BOOST_TEST(rel_error(got, want) <= 1e-5, "head_dim " << hd << ": rel error " << rel_error(got, want));
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(indexer_scores_give_the_cpu_bits) {
+    const int64_t n = 3, heads = 8, hd = 128, keys = 50;
+    const auto q = bf16_values(size_t(n * heads * hd), 81), w = bf16_values(size_t(n * heads), 82),
+               k = bf16_values(size_t(keys * hd), 83);
+    const std::vector<int64_t> vis{50, 7, 0};
+    auto run = [&](backend& be) {
+        auto qa = put(be, q), wa = put(be, w), ka = put(be, k);
+        backend_array<float> s(be, size_t(n * keys));
+        be.indexer_scores(qa.data(), wa.data(), n, int(heads), hd, ka.data(), keys, vis.data(), s.data());
+        return get(be, s);
+    };
+    REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+}
+
+// The same scores give the same picks and masks: candidate source, consumer and plain, scores
+// with many exact ties and -inf entries.
+BOOST_AUTO_TEST_CASE(indexer_selection_is_the_cpus) {
+    const int64_t rows = 4, n_total = 301, topk = 64;
+    std::vector<float> scores(size_t(rows * n_total));
+    for (size_t i = 0; i < scores.size(); ++i) scores[i] = i % 17 == 0 ? -INFINITY : float(int(i * 2654435761u % 9));
+    const std::vector<int64_t> vis{301, 150, 1, 0};
+    for (auto cand : {indexer_pick::candidates::none, indexer_pick::candidates::source, indexer_pick::candidates::consumer}) {
+        std::vector<uint8_t> mask0(size_t(rows * n_total));
+        for (size_t i = 0; i < mask0.size(); ++i) mask0[i] = (i / 8) % 3 != 1;
+        auto run = [&](backend& be) {
+            auto s = put(be, scores);
+            auto m = put(be, mask0);
+            backend_array<int32_t> sel(be, size_t(rows * topk));
+            indexer_pick p;
+            p.scores = s.data();
+            p.rows = rows;
+            p.n_total = n_total;
+            p.n_visible = vis.data();
+            p.topk = topk;
+            p.selection = sel.data();
+            p.cand = cand;
+            p.mask = m.data();
+            p.mask_stride = n_total;
+            p.mask_len = n_total - 20;
+            p.block_size = 8;
+            p.topk_blocks = 9;
+            be.indexer_select(p);
+            auto picks = get(be, sel);
+            auto masks = get(be, m);
+            auto sc = get(be, s);
+            std::vector<float> out(picks.begin(), picks.end());
+            out.insert(out.end(), masks.begin(), masks.end());
+            out.insert(out.end(), sc.begin(), sc.end());
+            return out;
+        };
+        REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(routing_is_the_cpus) {
+    const int64_t n = 6, experts = 96, k = 6;
+    auto s = float_values(size_t(n * experts), 91, 0.1f);
+    for (auto& v : s) v = std::fabs(v);
+    s[5] = s[9] = s[40];  // ties
+    const auto bias = float_values(size_t(experts), 92, 0.05f);
+    for (bool select : {true, false}) {
+        auto run = [&](backend& be) {
+            auto sa = put(be, s), ba = put(be, bias);
+            std::vector<int32_t> given(size_t(n * k));
+            for (size_t i = 0; i < given.size(); ++i) given[i] = int32_t((i * 13) % experts);
+            auto p = put(be, given);
+            backend_array<float> w(be, size_t(n * k));
+            be.route(sa.data(), ba.data(), n, int(experts), int(k), 1.5, select, p.data(), w.data());
+            const auto picks = get(be, p);
+            auto out = get(be, w);
+            out.insert(out.end(), picks.begin(), picks.end());
+            return out;
+        };
+        REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(swiglu_and_activation_round_trips_give_the_cpu_bits) {
+    const auto g = bf16_values(4096, 101, 8.0f), u = bf16_values(4096, 102, 8.0f), w = float_values(8, 103);
+    auto run = [&](backend& be) {
+        auto ga = put(be, g), ua = put(be, u), wa = put(be, w);
+        be.swiglu(ga.data(), ua.data(), 8, 512, 10.0f, wa.data());
+        std::vector<float> out = get(be, ga);
+        for (auto kind : {act_quant_kind::fp8_e8m0_32, act_quant_kind::fp4_e8m0_32, act_quant_kind::fp4_e4m3_16}) {
+            auto x = put(be, u);
+            be.simulate_quant(kind, x.data(), int64_t(u.size()));
+            const auto v = get(be, x);
+            out.insert(out.end(), v.begin(), v.end());
+        }
+        return out;
+    };
+    REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+}
+
+BOOST_AUTO_TEST_CASE(engram_gate_matches_cpu) {
+    const int64_t n = 3, hc = 4, dim = 256;
+    const auto H = bf16_values(size_t(n * hc * dim), 111), kv = bf16_values(size_t(n * (hc + 1) * dim), 112),
+               qk = float_values(size_t(hc * dim), 113);
+    auto run = [&](backend& be) {
+        auto h = put(be, H), k = put(be, kv), q = put(be, qk);
+        be.engram_gate(h.data(), n, int(hc), dim, k.data(), q.data(), 1e-20f);
+        return get(be, h);
+    };
+    const auto got = run(gpu()), want = run(cpu());
+    BOOST_TEST(rel_error(got, want) <= 1e-5, "rel error " << rel_error(got, want));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace moestream::test
