@@ -1,7 +1,8 @@
-// The dense weights (everything but the routed experts and the engram tables) in a device
-// backend's memory, uploaded once at load: the model's views then point there. The CPU backend
-// reads the memory mapping in place instead. The engram tables stay with the host, which reads
-// their rows for each step.
+// The dense weights (everything but the routed experts and the engram tables) in a backend's
+// memory, uploaded once at load: the model's views then point there. A device backend always
+// does this; the CPU backend when it streams (serving must not read the mapping, which a file
+// truncated under it turns into SIGBUS), else it reads the mapping in place. The engram tables
+// stay with the host, which reads their rows for each step.
 #pragma once
 
 #include <cstddef>

@@ -143,7 +143,11 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     std::promise<status> admitted;
     auto fut = admitted.get_future();
     asio::post(strand_, [this, a = std::move(a), &admitted]() mutable {
-        if (int64_t(waiting_.size()) >= opts_.max_waiting) {
+        // Requests the step loop has not admitted yet but will, since sequences are free, are
+        // not waiting for one: only the rest count against the queue (two requests sent at once
+        // to an idle one-sequence server with a one-place queue are both held).
+        const int64_t free_sequences = std::max<int64_t>(0, opts_.max_sequences - int64_t(running_.size()));
+        if (int64_t(waiting_.size()) >= opts_.max_waiting + free_sequences) {
             admitted.set_value(make_error("the server is busy: " + std::to_string(waiting_.size()) +
                                           " requests are already waiting"));
             return;

@@ -24,14 +24,13 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
         table t;
         t.values = {v->shard, v->file_offset, uint64_t(v->ne[0]), nullptr, 0};
         t.scales = {sc->shard, sc->file_offset, uint64_t(sc->ne[0]), nullptr, 0};
-        t.mapped_values = reinterpret_cast<const uint8_t*>(m.target.data(*v).data());
-        t.mapped_scales = reinterpret_cast<const uint8_t*>(m.target.data(*sc).data());
         s->tables_.push_back(t);
     }
-    auto arena = io::aligned_buffer::allocate(size_t(opts.slots) * 2 * kWindow);
+    // One more slot than rows announced: the overflow slot.
+    auto arena = io::aligned_buffer::allocate((size_t(opts.slots) + 1) * 2 * kWindow);
     if (!arena) return make_error("engram staging: " + arena.message());
     s->arena_ = std::move(*arena);
-    s->slots_.resize(opts.slots);
+    s->slots_.resize(size_t(opts.slots) + 1);
     std::vector<std::string> paths;
     for (size_t i = 0; i < m.target.shard_count(); ++i) paths.push_back(m.target.shard_path(uint32_t(i)));
     engram_stream* self = s.get();
@@ -52,23 +51,27 @@ void engram_stream::prefetch(int engram_index, std::span<const int64_t> rows) {
         for (int64_t r : rows) {
             const uint64_t key = row_key(engram_index, r);
             if (slot_of_.count(key)) continue;  // repeated n-grams are read once
-            if (used_ == opts_.slots) continue;  // full: row() serves it from the mapping
+            if (used_ == opts_.slots) continue;  // full: row() reads it when asked
             const uint32_t slot = used_++;
             slot_of_[key] = slot;
-            slots_[slot] = slot_state{2, false, {}};
-            io::read_request v = t.values, s = t.scales;
-            v.offset += uint64_t(r) * t.values.bytes;
-            s.offset += uint64_t(r) * t.scales.bytes;
-            v.dst = window(slot, 0);
-            s.dst = window(slot, 1);
-            v.tag = uint64_t(slot) * 2;
-            s.tag = uint64_t(slot) * 2 + 1;
-            batch.push_back(v);
-            batch.push_back(s);
+            add_reads(t, r, slot, batch);
         }
         in_flight_parts_ += batch.size();
     }
     if (!batch.empty()) reader_->submit(batch);
+}
+
+void engram_stream::add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch) {
+    slots_[slot] = slot_state{2, false, {}};
+    io::read_request v = t.values, s = t.scales;
+    v.offset += uint64_t(row) * t.values.bytes;
+    s.offset += uint64_t(row) * t.scales.bytes;
+    v.dst = window(slot, 0);
+    s.dst = window(slot, 1);
+    v.tag = uint64_t(slot) * 2;
+    s.tag = uint64_t(slot) * 2 + 1;
+    batch.push_back(v);
+    batch.push_back(s);
 }
 
 void engram_stream::on_read(uint64_t tag, const status& st) {
@@ -90,12 +93,22 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
     std::unique_lock lock(mu_);
     ++counters_.rows_requested;
     auto it = slot_of_.find(row_key(engram_index, row));
-    if (it == slot_of_.end()) {
+    uint32_t slot = 0;
+    if (it != slot_of_.end()) {
+        slot = it->second;
+    } else {
+        // Not announced in time or no room: read it now into the overflow slot, whose previous
+        // row the forward has copied already (the interface's contract).
         ++counters_.overflow;
-        return dsv41::engram_row{t.mapped_values + uint64_t(row) * t.values.bytes,
-                                 t.mapped_scales + uint64_t(row) * t.scales.bytes};
+        slot = opts_.slots;
+        std::vector<io::read_request> batch;
+        add_reads(t, row, slot, batch);
+        in_flight_parts_ += batch.size();
+        lock.unlock();
+        reader_->submit(batch);
+        lock.lock();
     }
-    slot_state& s = slots_[it->second];
+    slot_state& s = slots_[slot];
     if (s.parts_left > 0) {
         ++counters_.waits;
         const auto t0 = std::chrono::steady_clock::now();
@@ -107,8 +120,8 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
                           " could not be read: " + s.error);
     const uint64_t v_off = t.values.offset + uint64_t(row) * t.values.bytes;
     const uint64_t s_off = t.scales.offset + uint64_t(row) * t.scales.bytes;
-    return dsv41::engram_row{reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(it->second, 0), v_off)),
-                             reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(it->second, 1), s_off))};
+    return dsv41::engram_row{reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(slot, 0), v_off)),
+                             reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(slot, 1), s_off))};
 }
 
 void engram_stream::end_forward() {

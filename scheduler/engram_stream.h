@@ -3,8 +3,9 @@
 // announces every row it will read before its first layer (row ids depend only on token ids);
 // each row's values and scales are read with O_DIRECT into a staging arena, so by the time the
 // engram layers run (1 and 14 of 40) the rows are normally there and row() does not wait.
-// Rows beyond the arena's capacity in one forward (long prefills) are read from the memory
-// mapping instead, counted as overflow.
+// Rows beyond the arena's capacity in one forward (long prefills) are read when row() asks for
+// them, into one reserved slot (counted as overflow). Nothing reads the memory mapping: a model
+// file truncated or replaced under a server gives read errors naming the file, never a SIGBUS.
 //
 // Thread safety: prefetch/row/end_forward from the compute thread; completions on the reader's.
 #pragma once
@@ -32,7 +33,7 @@ struct engram_counters {
     uint64_t rows_requested = 0;  // row() calls
     uint64_t rows_read = 0;       // distinct rows read from disk
     uint64_t bytes_read = 0;      // payload bytes (values + scales)
-    uint64_t overflow = 0;        // rows served from the mapping (arena full)
+    uint64_t overflow = 0;        // rows read on demand (arena full)
     uint64_t waits = 0;           // row() calls that had to wait for the disk
     double wait_seconds = 0;
 };
@@ -51,8 +52,6 @@ class engram_stream final : public dsv41::engram_source {
   private:
     struct table {
         io::read_request values, scales;  // file, offset of row 0; bytes of one row
-        const uint8_t* mapped_values = nullptr;
-        const uint8_t* mapped_scales = nullptr;
     };
     struct slot_state {
         int parts_left = 0;
@@ -63,6 +62,8 @@ class engram_stream final : public dsv41::engram_source {
 
     explicit engram_stream(engram_stream_options opts) : opts_(opts) {}
     void on_read(uint64_t tag, const status& st);
+    // The reads of `row`'s values and scales into slot `slot`.
+    void add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch);
     std::byte* window(uint32_t slot, int part) const { return arena_.data() + (uint64_t(slot) * 2 + uint64_t(part)) * kWindow; }
 
     engram_stream_options opts_;
@@ -73,7 +74,7 @@ class engram_stream final : public dsv41::engram_source {
     mutable std::mutex mu_;
     std::condition_variable arrived_;
     std::unordered_map<uint64_t, uint32_t> slot_of_;  // (engram index, row) -> slot, this forward
-    std::vector<slot_state> slots_;
+    std::vector<slot_state> slots_;  // opts_.slots announced rows, then the overflow slot
     uint32_t used_ = 0;
     uint64_t in_flight_parts_ = 0;
     engram_counters counters_;

@@ -38,7 +38,7 @@ void model_session::print_streaming_stats() const {
     if (engram) {
         const auto e = engram->counters();
         std::fprintf(stderr,
-                     "engram: %llu rows looked up, %llu read ahead from disk (%.2f MB), %llu from the mapping "
+                     "engram: %llu rows looked up, %llu read ahead from disk (%.2f MB), %llu read on demand "
                      "(arena full), %llu waited (%.3f s)\n",
                      static_cast<unsigned long long>(e.rows_requested), static_cast<unsigned long long>(e.rows_read),
                      double(e.bytes_read) / 1e6, static_cast<unsigned long long>(e.overflow),
@@ -131,6 +131,13 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         if (auto st = place_on_device(*s, cfg, sequences, with_draft); !st) return st.err();
         source = s->slots.get();
     } else if (stream) {
+        // The request path reads nothing through the mapping: the dense weights are copied into
+        // the backend's (anonymous) memory, experts and engram rows come through the reader. A
+        // model file truncated under a server then fails the requests that need the lost bytes
+        // with read errors instead of a SIGBUS.
+        auto dense = upload_dense_weights(*s->compute, *s->files);
+        if (!dense) return dense.err();
+        s->device = std::move(*dense);
         tier_options t;
         t.device_bytes = uint64_t(cfg.cache.device_cache_gib * kGiB);
         t.host_bytes = uint64_t(cfg.cache.host_cache_gib * kGiB);

@@ -26,7 +26,7 @@ struct model_session {
     std::unique_ptr<loaded_model> files;
     std::unique_ptr<backend> compute;            // runs the model
     cpu_backend* cpu = nullptr;                  // compute, when it is the CPU backend (bench cpu's pool, profile)
-    std::unique_ptr<device_weights> device;      // a device backend's copy of the dense weights
+    std::unique_ptr<device_weights> device;      // the dense weights in the backend's memory (VRAM; RAM when streaming)
     std::unique_ptr<device_experts> slots;       // a device backend's expert slots (VRAM)
     std::unique_ptr<resident_experts> experts;   // CPU: everything in the mapping (bench cpu)
     std::unique_ptr<tiered_experts> streamed;    // CPU: device <- host <- disk tiers (the product path)
@@ -50,9 +50,10 @@ struct model_session {
 
 // Opens cfg.model.path (and cfg.model.draft_path when set and `with_draft`) on the backend
 // cfg.runtime.backend names (auto: CUDA when a usable GPU is present, else the CPU). On the CPU,
-// with `stream` the experts go through the tiers sized by cfg.cache / cfg.io (--device-cache,
-// --host-cache, --io-depth, --io-chunk), otherwise they are read in place from the memory
-// mapping. On CUDA the dense weights are uploaded to VRAM and the experts live in VRAM slots
+// with `stream` the dense weights are copied out of the mapping and the experts go through the
+// tiers sized by cfg.cache / cfg.io (--device-cache, --host-cache, --io-depth, --io-chunk),
+// engram rows through their read-ahead, so serving never touches the mapping; otherwise
+// everything is read in place from the memory mapping. On CUDA the dense weights are uploaded to VRAM and the experts live in VRAM slots
 // (--device-cache of them, all when it covers them), filled from the mapping; start-up refuses,
 // naming the sizes, when the card cannot hold the weights, the slots and the sequence states.
 // `sequences`: the sequence states the caller will make (planning).

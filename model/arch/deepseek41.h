@@ -125,7 +125,9 @@ class engram_source {
     virtual ~engram_source() = default;
     // Every row id (with repeats) of engram layer `engram_index` this forward will read.
     virtual void prefetch(int engram_index, std::span<const int64_t> rows) = 0;
-    // One announced row; valid until end_forward(). May block until it arrived.
+    // One announced row; valid until end_forward(), or only until the next row() call when the
+    // source had no room to keep it (the forward copies each row at once). May block until it
+    // arrived.
     virtual result<engram_row> row(int engram_index, int64_t row) = 0;
     virtual void end_forward() {}
 };

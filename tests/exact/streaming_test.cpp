@@ -134,7 +134,7 @@ BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
     BOOST_TEST(first.disk_reads <= uint64_t(10 * 64 + 3 * 16));
 }
 
-// Engram rows read ahead through io_uring (or, past the arena, from the mapping) give the same bits.
+// Engram rows read ahead through io_uring (or, past the arena, on demand) give the same bits.
 BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
     auto& m = fixture(kFx);
     const auto reference = run(m, *m.experts, *m.backend);
@@ -149,7 +149,7 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
         const auto got = run(m, *m.experts, *m.backend, es->get());
         const auto c = (*es)->counters();
         BOOST_TEST_MESSAGE("engram arena " << slots << " rows: " << c.rows_requested << " looked up, " << c.rows_read
-                                           << " read ahead, " << c.overflow << " from the mapping, " << c.waits
+                                           << " read ahead, " << c.overflow << " on demand, " << c.waits
                                            << " waited");
         BOOST_TEST(same_bits(got, reference), "arena " << slots);
         BOOST_TEST(c.rows_read > 0u);
