@@ -401,7 +401,7 @@ BOOST_AUTO_TEST_CASE(response_format_parsing) {
 BOOST_AUTO_TEST_CASE(which_requests_are_constrained, *needs_tokenizer()) {
     const auto& tok = deepseek_tokenizer();
     server::completion_request r;
-    r.tools = {{"a", "", "{}"}, {"b", "", "{}"}};
+    r.tools = {{"a", "", "{}", false, ""}, {"b", "", "{}", false, ""}};
     server::constraint_spec json;
     json.format = server::output_format::json_object;
     auto kind = [&](const server::completion_request& q, const server::constraint_spec& s) {

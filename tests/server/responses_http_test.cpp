@@ -3,7 +3,9 @@
 // stored conversation, JSON output, the prefix cache in usage, and the errors (bad ids, context
 // overflow and a full queue, in the stream as Codex reads them and as HTTP errors).
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "json_schema_validator.h"
 #include "responses_stream_check.h"
@@ -286,14 +288,29 @@ BOOST_AUTO_TEST_CASE(counted_in_the_metrics) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
-// A server whose wait queue holds nothing: every request finds it full.
+// A server with one sequence and no wait queue, the sequence held by a long generation: every
+// request finds it full.
 struct full_queue_server {
     static live_server_options options() {
         live_server_options o;
+        o.max_sequences = 1;
         o.max_waiting = 0;
         return o;
     }
     live_server srv{options()};
+    std::shared_ptr<generation> holder;
+    full_queue_server() {
+        generation_request r;
+        r.prompt = {1, 2, 3};
+        r.max_tokens = 200;
+        auto g = srv.eng().submit(std::move(r));
+        if (!g.ok()) BOOST_FAIL("the holding generation: " << g.message());
+        holder = std::move(*g);
+        for (int i = 0; i < 5000 && srv.eng().stats().running == 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        BOOST_TEST_REQUIRE(srv.eng().stats().running == 1);
+    }
+    ~full_queue_server() { holder->cancel(); }
 };
 
 BOOST_FIXTURE_TEST_SUITE(responses_busy, full_queue_server, *requires_live_server())
