@@ -13,7 +13,8 @@ namespace {
 constexpr cli::option_spec kConfigOptions[] = {
     {"config", "FILE.json", "configuration file (CLI flags override it)"},
     {"device-cache", "GiB", "device expert cache budget (VRAM, or RAM on the CPU backend)"},
-    {"host-cache", "GiB", "pinned host expert cache budget"},
+    {"host-cache", "GiB", "host expert cache budget, or auto (default: --host-cache-share of the available memory)"},
+    {"host-cache-share", "F", "share of the available memory an auto host cache takes (default 0.75)"},
     {"io-depth", "N", "io_uring reads in flight at most"},
     {"io-chunk", "KiB", "expert read chunk size"},
     {"io-mode", "MODE", "coroutine (default) or remap-sync (the published port's design, for comparison)"},
@@ -85,8 +86,17 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
             else return make_error(where + " is not a known field (path, draft_path)");
         } else if (section == "cache") {
             if (key == "device_cache_gib") MS_TRY(read_number(v, where, c.cache.device_cache_gib));
-            else if (key == "host_cache_gib") MS_TRY(read_number(v, where, c.cache.host_cache_gib));
-            else return make_error(where + " is not a known field (device_cache_gib, host_cache_gib)");
+            else if (key == "host_cache_gib") {
+                std::string_view text;
+                if (v.get(text) == simdjson::SUCCESS) {
+                    if (text != "auto") return make_error(where + " must be a number of GiB or \"auto\"");
+                    c.cache.host_cache_gib = cache_settings::k_auto;
+                } else {
+                    MS_TRY(read_number(v, where, c.cache.host_cache_gib));
+                    if (c.cache.host_cache_gib < 0) return make_error(where + " must be a number of GiB or \"auto\"");
+                }
+            } else if (key == "host_cache_share") MS_TRY(read_number(v, where, c.cache.host_cache_share));
+            else return make_error(where + " is not a known field (device_cache_gib, host_cache_gib, host_cache_share)");
         } else if (section == "io") {
             if (key == "depth") MS_TRY(read_int(v, where, c.io.depth));
             else if (key == "chunk_kib") MS_TRY(read_int(v, where, c.io.chunk_kib));
@@ -199,12 +209,20 @@ result<moestream_config> apply_json(moestream_config c, std::string_view json, s
     return c;
 }
 
+uint64_t host_tier_bytes(const cache_settings& c, uint64_t available_bytes) {
+    if (c.host_cache_gib != cache_settings::k_auto) return uint64_t(c.host_cache_gib * double(uint64_t(1) << 30));
+    return uint64_t(c.host_cache_share * double(available_bytes));
+}
+
 status validate(const moestream_config& c) {
     auto bad = [](std::string field, std::string why) { return make_error(field + " " + why); };
     if (!(c.cache.device_cache_gib >= 0 && c.cache.device_cache_gib <= 4096))
         return bad("cache.device_cache_gib (--device-cache)", "must be between 0 and 4096 GiB");
-    if (!(c.cache.host_cache_gib >= 0 && c.cache.host_cache_gib <= 65536))
-        return bad("cache.host_cache_gib (--host-cache)", "must be between 0 and 65536 GiB");
+    if (!(c.cache.host_cache_gib == cache_settings::k_auto ||
+          (c.cache.host_cache_gib >= 0 && c.cache.host_cache_gib <= 65536)))
+        return bad("cache.host_cache_gib (--host-cache)", "must be auto or between 0 and 65536 GiB");
+    if (!(c.cache.host_cache_share > 0 && c.cache.host_cache_share <= 1))
+        return bad("cache.host_cache_share (--host-cache-share)", "must be above 0 and at most 1");
     if (c.io.depth < 1 || c.io.depth > 4096) return bad("io.depth (--io-depth)", "must be between 1 and 4096");
     if (c.io.chunk_kib < 4 || c.io.chunk_kib > 65536 || c.io.chunk_kib % 4 != 0)
         return bad("io.chunk_kib (--io-chunk)", "must be a multiple of 4 between 4 and 65536 KiB (O_DIRECT alignment)");
@@ -248,7 +266,12 @@ result<moestream_config> load_config(const cli::args& a) {
         c = std::move(applied.value());
     }
     MS_TRY(set_from_flag(a, "device-cache", c.cache.device_cache_gib));
-    MS_TRY(set_from_flag(a, "host-cache", c.cache.host_cache_gib));
+    if (auto h = a.get("host-cache"); h && *h == "auto") c.cache.host_cache_gib = cache_settings::k_auto;
+    else if (h) {
+        MS_TRY(set_from_flag(a, "host-cache", c.cache.host_cache_gib));
+        if (c.cache.host_cache_gib < 0) return make_error("--host-cache must be a number of GiB or auto, got '" + *h + "'");
+    }
+    MS_TRY(set_from_flag(a, "host-cache-share", c.cache.host_cache_share));
     MS_TRY(set_from_flag(a, "io-depth", c.io.depth));
     MS_TRY(set_from_flag(a, "io-chunk", c.io.chunk_kib));
     if (auto m = a.get("io-mode")) {
@@ -274,7 +297,10 @@ std::string to_json(const moestream_config& c) {
     o << "{\n  \"model\": {\"path\": " << json_escape(c.model.path)
       << ", \"draft_path\": " << json_escape(c.model.draft_path) << "},\n"
       << "  \"cache\": {\"device_cache_gib\": " << c.cache.device_cache_gib
-      << ", \"host_cache_gib\": " << c.cache.host_cache_gib << "},\n"
+      << ", \"host_cache_gib\": ";
+    if (c.cache.host_cache_gib == cache_settings::k_auto) o << "\"auto\"";
+    else o << c.cache.host_cache_gib;
+    o << ", \"host_cache_share\": " << c.cache.host_cache_share << "},\n"
       << "  \"io\": {\"depth\": " << c.io.depth << ", \"chunk_kib\": " << c.io.chunk_kib
       << ", \"mode\": \"" << io_mode_name(c.io.mode) << "\"},\n"
       << "  \"runtime\": {\"threads\": " << c.runtime.threads << ", \"context_tokens\": " << c.runtime.context_tokens

@@ -23,9 +23,20 @@ struct model_settings {
 
 // Expert cache budgets. The device tier is VRAM on CUDA, a budgeted RAM region on the CPU backend.
 struct cache_settings {
+    static constexpr double k_auto = -1;  // host_cache_gib: "auto"
     double device_cache_gib = 0.5;
-    double host_cache_gib = 2.0;
+    // The host tier: GiB, or "auto" (the default): host_cache_share of the memory the system has
+    // available at start-up (MemAvailable), never more than every expert takes. The model file is
+    // read with O_DIRECT, so the page cache serves nothing of it while serving (dense weights
+    // are copied out at load, experts and engram rows bypass it): free RAM is only useful as host
+    // tier. The share leaves a quarter to the sequence states, the other processes and the OS.
+    double host_cache_gib = k_auto;
+    double host_cache_share = 0.75;
 };
+
+// The host tier's bytes for `c`: host_cache_gib, or for "auto" host_cache_share of
+// `available_bytes`.
+uint64_t host_tier_bytes(const cache_settings& c, uint64_t available_bytes);
 
 enum class io_mode { coroutine, remap_sync };
 

@@ -39,8 +39,8 @@
 namespace moestream {
 
 struct tier_options {
-    uint64_t device_bytes = 0;  // 0: no device tier (compute reads the host slots)
-    uint64_t host_bytes = 0;    // at least one expert
+    uint64_t device_bytes = 0;  // 0: no device tier (compute reads the host slots); clamped like host_bytes
+    uint64_t host_bytes = 0;    // at least one expert; more than every expert takes is clamped
     io::reader_options io;
     std::string policy = "lru";
     bool lock_host = false;     // mlock the host tier (pinned memory)
@@ -95,6 +95,9 @@ class tiered_experts final : public dsv41::expert_source {
     io::reader_stats io_stats() const { return reader_->stats(); }
     uint32_t device_slots() const { return device_slots_; }
     uint32_t host_slots() const { return host_slots_; }
+    // Bytes one expert takes in each tier (with its read alignment in the host tier).
+    uint64_t device_slot_bytes() const { return device_slot_bytes_; }
+    uint64_t host_slot_bytes() const { return host_slot_bytes_; }
     std::string notes() const { return reader_->notes(); }
 
   private:

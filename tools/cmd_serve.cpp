@@ -122,6 +122,13 @@ int run(const cli::args& a) {
     api.set_model(std::move(m));
     spdlog::info("serving {} ({} sequences of {} tokens) on {}", cfg->model.path, cfg->runtime.sequences_max,
                  cfg->runtime.context_tokens, s.backend_line());
+    if (s.streamed)
+        spdlog::info("expert tiers: {} device slots, {} host slots{}", s.streamed->device_slots(),
+                     s.streamed->host_slots(),
+                     cfg->cache.host_cache_gib == cache_settings::k_auto
+                         ? " (host tier auto: " + std::to_string(int(cfg->cache.host_cache_share * 100)) +
+                               "% of the memory available at start-up, at most every expert)"
+                         : std::string());
     std::printf("moestream serve: ready (backend %s)\n", s.backend_line().c_str());
     std::fflush(stdout);
     srv.wait();

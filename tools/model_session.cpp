@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "storage/system_memory.h"
+
 #if MOESTREAM_HAVE_CUDA
 #include "model/cuda/cuda_backend.h"
 #endif
@@ -140,7 +142,7 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         s->device = std::move(*dense);
         tier_options t;
         t.device_bytes = uint64_t(cfg.cache.device_cache_gib * kGiB);
-        t.host_bytes = uint64_t(cfg.cache.host_cache_gib * kGiB);
+        t.host_bytes = host_tier_bytes(cfg.cache, storage::available_memory_bytes());
         t.io.depth = uint32_t(cfg.io.depth);
         t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
         t.remap_sync = cfg.io.mode == io_mode::remap_sync;

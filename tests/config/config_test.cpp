@@ -73,6 +73,50 @@ BOOST_AUTO_TEST_CASE(shipped_presets_are_valid) {
     BOOST_TEST(c->runtime.context_tokens == 8192);
 }
 
+// The host tier defaults to "auto": a share of the memory available at start-up.
+BOOST_AUTO_TEST_CASE(host_cache_auto) {
+    auto d = load({});
+    BOOST_REQUIRE(d.ok());
+    BOOST_TEST(d->cache.host_cache_gib == cache_settings::k_auto);
+    BOOST_TEST(d->cache.host_cache_share == 0.75);
+    BOOST_TEST(host_tier_bytes(d->cache, 40ull << 30) == 30ull << 30);
+    BOOST_TEST(to_json(*d).find(R"("host_cache_gib": "auto", "host_cache_share": 0.75)") != std::string::npos, to_json(*d));
+    auto fixed = load({"--host-cache", "3"});
+    BOOST_REQUIRE(fixed.ok());
+    BOOST_TEST(host_tier_bytes(fixed->cache, 40ull << 30) == 3ull << 30);  // the available memory does not matter
+    auto share = load({"--host-cache", "auto", "--host-cache-share", "0.5"});
+    BOOST_REQUIRE(share.ok());
+    BOOST_TEST(host_tier_bytes(share->cache, 40ull << 30) == 20ull << 30);
+    auto dir = test::scratch_dir("config_host_auto");
+    auto path = (dir / "c.json").string();
+    std::ofstream(path) << R"({"cache": {"host_cache_gib": "auto", "host_cache_share": 0.25}})";
+    auto file = load({"--config", path});
+    BOOST_REQUIRE_MESSAGE(file.ok(), (file.ok() ? "" : file.message()));
+    BOOST_TEST(file->cache.host_cache_gib == cache_settings::k_auto);
+    BOOST_TEST(host_tier_bytes(file->cache, 40ull << 30) == 10ull << 30);
+    // Round trip: what `moestream config` prints loads again.
+    auto printed = apply_json({}, to_json(*file), "printed.json");
+    BOOST_REQUIRE_MESSAGE(printed.ok(), (printed.ok() ? "" : printed.message()));
+    BOOST_TEST(printed->cache.host_cache_gib == cache_settings::k_auto);
+    BOOST_TEST(printed->cache.host_cache_share == 0.25);
+    // Bad values name the field.
+    for (const char* bad : {"-1", "lots"}) {
+        auto r = load({"--host-cache", bad});
+        BOOST_TEST_REQUIRE(!r.ok(), bad);
+        BOOST_TEST(r.message().find("--host-cache") != std::string::npos, r.message());
+    }
+    for (const char* bad : {"0", "1.5"}) {
+        auto r = load({"--host-cache-share", bad});
+        BOOST_TEST_REQUIRE(!r.ok(), bad);
+        BOOST_TEST(r.message().find("host_cache_share") != std::string::npos, r.message());
+    }
+    for (const char* json : {R"({"cache": {"host_cache_gib": "lots"}})", R"({"cache": {"host_cache_gib": -2}})"}) {
+        auto r = apply_json({}, json, "x.json");
+        BOOST_TEST_REQUIRE(!r.ok(), json);
+        BOOST_TEST(r.message().find("cache.host_cache_gib") != std::string::npos, r.message());
+    }
+}
+
 BOOST_AUTO_TEST_CASE(bad_flag_values_are_errors) {
     BOOST_TEST(!load({"--io-depth", "0"}).ok());
     BOOST_TEST(!load({"--device-cache", "lots"}).ok());

@@ -45,11 +45,11 @@ tier_options budgets(uint64_t device, uint64_t host, std::string policy = "lru")
 
 result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_experts, double host_experts,
                                               uint32_t depth, uint64_t chunk, bool remap_sync = false) {
-    // Slot sizes in bytes, from a probe with a generous budget.
+    // Slot sizes in bytes, from a probe.
     auto probe = tiered_experts::create(*m.files, budgets(1 << 26, 1 << 26));
     if (!probe) return probe.err();
-    const uint64_t dev_slot = (uint64_t(1) << 26) / (*probe)->device_slots();
-    const uint64_t host_slot = (uint64_t(1) << 26) / (*probe)->host_slots();
+    const uint64_t dev_slot = (*probe)->device_slot_bytes();
+    const uint64_t host_slot = (*probe)->host_slot_bytes();
     tier_options o;
     o.device_bytes = uint64_t(device_experts * double(dev_slot));
     o.host_bytes = uint64_t(host_experts * double(host_slot));
@@ -201,6 +201,18 @@ BOOST_AUTO_TEST_CASE(model_file_changed_on_disk_is_detected, *needs()) {
     const auto st = (*files)->verify_unchanged();
     BOOST_TEST_REQUIRE(!st.ok());
     BOOST_TEST(st.message().find("changed on disk since it was loaded") != std::string::npos, st.message());
+}
+
+// A budget above the whole model (an "auto" host tier on a big machine) gives one slot per
+// expert, no more.
+BOOST_AUTO_TEST_CASE(budgets_above_the_model_are_clamped, *needs()) {
+    auto& m = fixture(kFx);
+    auto t = tiered_experts::create(*m.files, budgets(uint64_t(1) << 40, uint64_t(1) << 40));
+    BOOST_TEST_REQUIRE(t.ok(), (t.ok() ? "" : t.message()));
+    uint64_t experts = uint64_t(m.hp().n_layers) * uint64_t(m.hp().n_experts);
+    if (m.files->draft_file) experts += uint64_t(m.hp().n_mtp) * uint64_t(m.hp().dspark_n_experts);
+    BOOST_TEST((*t)->host_slots() == experts);
+    BOOST_TEST((*t)->device_slots() == experts);
 }
 
 BOOST_AUTO_TEST_CASE(budgets_too_small_are_named, *needs()) {
