@@ -59,7 +59,7 @@ struct server_settings {
     std::vector<std::string> api_keys;
     std::vector<std::string> cors_origins;
     int64_t body_bytes_max = 8 << 20;
-    int64_t wait_queue_max = 64;
+    int64_t wait_queue_max = 64;  // requests held beyond the free sequences (0: refused while all are busy)
     int64_t request_timeout_s = 600;
     int64_t response_store_max = 256;  // /v1/responses kept for previous_response_id (0: none)
 };
