@@ -29,15 +29,9 @@ size_t device_experts::slot_bytes(const loaded_model& m) {
     return most;
 }
 
-int64_t device_experts::total_experts(const loaded_model& m) {
-    int64_t n = 0;
-    for (int L = 0; L < expert_layers(m); ++L) n += experts_of(m, L);
-    return n;
-}
-
 result<std::unique_ptr<device_experts>> device_experts::create(backend& be, const loaded_model& m, int64_t slots,
                                                                 bool preload) {
-    const int64_t total = total_experts(m);
+    const int64_t total = m.total_experts();
     if (slots < 1) return make_error("the device expert cache must hold at least one expert");
     slots = std::min(slots, total);
     std::unique_ptr<device_experts> d(new device_experts(be, m));

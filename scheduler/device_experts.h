@@ -24,9 +24,7 @@ class device_experts final : public dsv41::expert_source {
   public:
     // Bytes one slot takes (the largest expert of the target and the draft, gate + up + down).
     static size_t slot_bytes(const loaded_model& m);
-    // Routed experts of the target and the draft.
-    static int64_t total_experts(const loaded_model& m);
-    // `slots` slots (at most total_experts); an error names the bytes when the backend has no room.
+    // `slots` slots (at most m.total_experts()); an error names the bytes when the backend has no room.
     static result<std::unique_ptr<device_experts>> create(backend& be, const loaded_model& m, int64_t slots,
                                                           bool preload);
 

@@ -150,6 +150,13 @@ dsv41::expert_weights loaded_model::expert(int layer, int32_t e) const {
     return {view(x.gate), view(x.up), view(x.down)};
 }
 
+int64_t loaded_model::total_experts() const {
+    int64_t n = 0;
+    for (size_t L = 0; L < expert_index.size(); ++L)
+        n += int64_t(L) < hp.n_layers ? hp.n_experts : hp.dspark_n_experts;
+    return n;
+}
+
 namespace {
 
 // Fills expert_index for the target's layers and the draft's stages (the tensors were checked).

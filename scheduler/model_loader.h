@@ -39,6 +39,8 @@ struct loaded_model {
 
     // Expert `e` of a layer (n_layers + s: DSpark stage s) as views into the mapping.
     dsv41::expert_weights expert(int layer, int32_t e) const;
+    // Routed experts of every layer and DSpark stage together.
+    int64_t total_experts() const;
 
     // Per layer, then per DSpark stage: its three expert tensors, looked up once at load
     // (expert() runs for every expert of every step).

@@ -86,8 +86,7 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         t->device_slot_bytes_ += round_up(part_max[p], 64);
     }
     // Never more slots in a tier than experts (an "auto" budget may exceed the whole model).
-    uint64_t experts = uint64_t(hp.n_layers) * uint64_t(hp.n_experts);
-    if (m.draft_file) experts += uint64_t(hp.n_mtp) * uint64_t(hp.dspark_n_experts);
+    const uint64_t experts = uint64_t(m.total_experts());
     t->host_slots_ = uint32_t(std::min<uint64_t>(opts.host_bytes / t->host_slot_bytes_, experts));
     t->device_slots_ = uint32_t(std::min<uint64_t>(opts.device_bytes / t->device_slot_bytes_, experts));
     auto mib = [](uint64_t b) { return std::to_string(double(b) / (1 << 20)).substr(0, 6) + " MiB"; };

@@ -129,7 +129,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
     std::printf("bench decode --backend cuda: %s on %s | %lld of %lld experts in VRAM slots | %lld-token prompt, %lld "
                 "decode steps, greedy\n",
                 cfg.model.path.c_str(), gpu.device_description().c_str(), static_cast<long long>(s.slots->slots()),
-                static_cast<long long>(device_experts::total_experts(*s.files)), static_cast<long long>(prompt_len),
+                static_cast<long long>(s.files->total_experts()), static_cast<long long>(prompt_len),
                 static_cast<long long>(n));
     auto copy = cuda::copy_seconds(gpu, size_t(1) << 30, 9);
     if (!copy) return fail(name, copy.message());

@@ -82,7 +82,7 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     const loaded_model& m = *s.files;
     const size_t dense = dense_weight_bytes(m);
     const size_t slot = device_experts::slot_bytes(m);
-    const int64_t total = device_experts::total_experts(m);
+    const int64_t total = m.total_experts();
     int64_t slots = std::max<int64_t>(1, int64_t(cfg.cache.device_cache_gib * kGiB / double(slot)));
     slots = std::min(slots, total);
     const size_t states = size_t(std::max<int64_t>(sequences, 1)) *

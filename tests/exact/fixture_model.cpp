@@ -51,7 +51,7 @@ std::unique_ptr<fixture_model> fixture_on(std::unique_ptr<backend> be, const std
     auto dev = upload_dense_weights(*m->backend, *m->files);
     if (!dev.ok()) BOOST_FAIL("upload " << name << ": " << dev.message());
     m->device = std::move(*dev);
-    const int64_t total = device_experts::total_experts(*m->files);
+    const int64_t total = m->files->total_experts();
     const int64_t slots = expert_slots > 0 ? expert_slots : total;
     auto ex = device_experts::create(*m->backend, *m->files, slots, slots >= total);
     if (!ex.ok()) BOOST_FAIL("expert slots " << name << ": " << ex.message());
