@@ -26,12 +26,21 @@ constexpr int kThreads = kMatmulWarps * kWarp;
 template <ggml_type T>
 struct chunk_decoder;
 
-template <>
-struct chunk_decoder<ggml_type::f32> {
+// F32 and F16 chunks are fetched as floats already: decoding is a copy.
+struct float_chunk {
     static constexpr int kAhead = 1;
     struct raw {
         float v[32];
     };
+    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
+        scale = 1.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) w[j] = r.v[j];
+    }
+};
+
+template <>
+struct chunk_decoder<ggml_type::f32> : float_chunk {
     static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t cols, raw& r) {
         const float* p = reinterpret_cast<const float*>(row) + b * 32;
         const int64_t left = cols - b * 32;
@@ -46,29 +55,15 @@ struct chunk_decoder<ggml_type::f32> {
             for (int j = 0; j < 32; ++j) r.v[j] = j < left ? __ldg(p + j) : 0.0f;
         }
     }
-    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
-        scale = 1.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) w[j] = r.v[j];
-    }
 };
 
 template <>
-struct chunk_decoder<ggml_type::f16> {
-    static constexpr int kAhead = 1;
-    struct raw {
-        float v[32];
-    };
+struct chunk_decoder<ggml_type::f16> : float_chunk {
     static __device__ __forceinline__ void fetch(const uint8_t* row, int64_t b, int64_t cols, raw& r) {
         const __half* p = reinterpret_cast<const __half*>(row) + b * 32;
         const int64_t left = cols - b * 32;
 #pragma unroll
         for (int j = 0; j < 32; ++j) r.v[j] = j < left ? __half2float(p[j]) : 0.0f;
-    }
-    static __device__ __forceinline__ void decode(const raw& r, float (&w)[32], float& scale) {
-        scale = 1.0f;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) w[j] = r.v[j];
     }
 };
 
