@@ -12,7 +12,6 @@
 #include <set>
 
 #include "scheduler/model_gguf.h"
-#include "storage/system_memory.h"
 #include "tools/bench_gpu_decode.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
@@ -195,12 +194,17 @@ int run(const cli::args& a) {
     auto tok = load_tokenizer(cfg->model.path);
     if (!tok) return fail(kName, tok.message());
     const bool compare = !a.flag("no-remap");
-    const bool host_auto = cfg->cache.host_cache_gib == cache_settings::k_auto;
-    const double host_gib = double(host_tier_bytes(cfg->cache, storage::available_memory_bytes())) / double(1ull << 30);
-    std::printf("bench decode: %s | device cache %.2f GiB, host cache %.2f GiB%s | io depth %lld, chunk %lld KiB | %lld "
+    // An auto host tier is sized when each pass opens the model (its slots are in the pass's
+    // tier line), so the header states the rule, not a number.
+    char host[96];
+    if (cfg->cache.host_cache_gib == cache_settings::k_auto)
+        std::snprintf(host, sizeof host, "auto (%.2f of the available memory, at most every expert)",
+                      cfg->cache.host_cache_share);
+    else
+        std::snprintf(host, sizeof host, "%.2f GiB", cfg->cache.host_cache_gib);
+    std::printf("bench decode: %s | device cache %.2f GiB, host cache %s | io depth %lld, chunk %lld KiB | %lld "
                 "tokens per prompt, greedy\n",
-                cfg->model.path.c_str(), cfg->cache.device_cache_gib, host_gib,
-                host_auto ? " (auto, at most every expert)" : "",
+                cfg->model.path.c_str(), cfg->cache.device_cache_gib, host,
                 static_cast<long long>(cfg->io.depth), static_cast<long long>(cfg->io.chunk_kib), static_cast<long long>(*n));
     double coroutine_cold_tps = 0;
     // Passes: coroutine with look-ahead (the engine), coroutine without it, remap-sync baseline.
