@@ -135,8 +135,6 @@ class cuda_backend final : public backend {
         // One launch per weight type present (a layer's MXFP4 experts, its Q8_0 shared expert...).
         for (ggml_type type : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4}) {
             mm_jobs_.clear();
-            int64_t blocks = 0;
-            size_t shared = 0;
             for (const auto& j : jobs) {
                 if (j.w.type != type || j.n == 0) continue;
                 MS_ASSERT(!j.w.empty() && j.x && j.y);
@@ -162,22 +160,13 @@ class cuda_backend final : public backend {
                     k.swiglu_limit = j.swiglu_limit;
                     k.flags |= kernels::kSwiglu;
                 }
-                const int64_t job_blocks = kernels::plan_matmul(k, kernels::kMatmulBlockRows);
-                MS_ASSERT_MSG(job_blocks >= 0, "matmul: rows too long for the kernel's shared memory");
-                blocks += job_blocks;
-                shared = std::max(shared, kernels::matmul_shared_bytes(k.n, k.cols));
                 mm_jobs_.push_back(k);
             }
             if (mm_jobs_.empty()) continue;
-            // The launch's rows per block, then each job's first block.
-            const int block_rows = kernels::matmul_block_rows(blocks);
-            blocks = 0;
-            for (auto& k : mm_jobs_) {
-                k.first_block = blocks;
-                blocks += kernels::plan_matmul(k, block_rows);
-            }
+            const kernels::matmul_plan plan = kernels::plan_matmul(type, mm_jobs_.data(), int(mm_jobs_.size()));
+            MS_ASSERT_MSG(plan.blocks >= 0, "matmul: rows too long for the kernel's shared memory");
             const auto* dev = stage_array(mm_jobs_);
-            launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), blocks, shared), "matmul");
+            launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), plan.blocks, plan.shared), "matmul");
         }
         for (const auto& j : jobs)
             MS_ASSERT_MSG(j.n == 0 || j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||

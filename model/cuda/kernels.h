@@ -53,16 +53,17 @@ constexpr int matmul_group_rows(int64_t cols) {
     const int64_t fit = int64_t(kMatmulSharedBytes) / per_row;
     return int(fit < kMatmulRows ? fit : kMatmulRows);
 }
-// Sets the job's block_rows and returns the blocks it needs (-1 when its rows are too long for
-// the shared memory). More rows per block share one copy of x; fewer give a small launch enough
-// blocks to fill the GPU: matmul_block_rows picks them from the launch's blocks at
-// kMatmulBlockRows. The split never changes a value.
-int64_t plan_matmul(mm_job& job, int block_rows);
-int matmul_block_rows(int64_t blocks_at_most_rows);
-// The shared memory the job's blocks use.
-size_t matmul_shared_bytes(int64_t n, int64_t cols);
-// Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4); total_blocks = Σ blocks;
-// shared: the largest matmul_shared_bytes of the jobs.
+// Plans one launch of `type` over the host array `jobs` (their shapes and n set): each job's
+// block_rows and first_block, the launch's blocks and the largest shared memory a block uses
+// (blocks -1 when some job's rows are too long for the kernel's shared memory). More rows per
+// block share one copy of x; fewer give a small launch enough blocks to fill the GPU. The plan
+// never changes a value: a row's bits depend only on its job's shape, its weights and its x row.
+struct matmul_plan {
+    int64_t blocks = 0;
+    size_t shared = 0;
+};
+matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
+// Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul.
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
                    size_t shared);
 

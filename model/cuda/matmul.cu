@@ -296,7 +296,9 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
 
 }  // namespace
 
-int64_t plan_matmul(mm_job& job, int block_rows) {
+namespace {
+
+int64_t plan_job(mm_job& job, int block_rows) {
     const int group = matmul_group_rows(job.cols);
     if (group == 0) return -1;
     const int64_t groups = (job.n + group - 1) / group;
@@ -304,19 +306,33 @@ int64_t plan_matmul(mm_job& job, int block_rows) {
     return groups * ((job.rows + block_rows - 1) / block_rows);
 }
 
-int matmul_block_rows(int64_t blocks_at_most_rows) {
-    // Enough blocks for two per SM of a 132-SM part, else fewer rows per block.
-    constexpr int64_t kEnough = 264;
-    int rows = kMatmulBlockRows;
-    int64_t blocks = blocks_at_most_rows;
-    while (rows > kMatmulWarps && blocks < kEnough) rows /= 2, blocks *= 2;
-    return rows;
-}
-
-size_t matmul_shared_bytes(int64_t n, int64_t cols) {
+size_t shared_bytes(int64_t n, int64_t cols) {
     const int group = matmul_group_rows(cols);
     const int64_t rows = n < group ? n : group;
     return size_t(rows * ((cols + 31) / 32) * kChunkFloats) * sizeof(float);
+}
+
+}  // namespace
+
+matmul_plan plan_matmul(ggml_type, mm_job* jobs, int n_jobs) {
+    matmul_plan p;
+    int64_t blocks = 0;
+    for (int i = 0; i < n_jobs; ++i) {
+        const int64_t b = plan_job(jobs[i], kMatmulBlockRows);
+        if (b < 0) return {-1, 0};
+        blocks += b;
+        const size_t sh = shared_bytes(jobs[i].n, jobs[i].cols);
+        if (sh > p.shared) p.shared = sh;
+    }
+    // Enough blocks for two per SM of a 132-SM part, else fewer rows per block.
+    constexpr int64_t kEnough = 264;
+    int rows = kMatmulBlockRows;
+    while (rows > kMatmulWarps && blocks < kEnough) rows /= 2, blocks *= 2;
+    for (int i = 0; i < n_jobs; ++i) {
+        jobs[i].first_block = p.blocks;
+        p.blocks += plan_job(jobs[i], rows);
+    }
+    return p;
 }
 
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
