@@ -131,6 +131,27 @@ struct indexer_pick {
     int64_t block_size = 0, topk_blocks = 0;
 };
 
+// A layer's routed experts in slots of backend memory, found through a table in backend memory:
+// expert e's matrices sit at base + slot_of[e] * slot_bytes + each matrix's offset. The routed
+// MoE ops read the picks and the table on the backend, so the host never needs the picks and
+// where an expert sits never changes a launch (a CUDA graph of the step stays valid).
+struct slot_matrix {
+    ggml_type type = ggml_type::f32;
+    int64_t cols = 0, rows = 0;
+    size_t row_stride = 0;
+    size_t offset = 0;  // bytes from the slot's start
+    // The matrix in slot `slot` of the table's memory (host reads of slot_of: CPU backend only).
+    weight_view in(const std::byte* base, size_t slot_bytes, int64_t slot) const {
+        return {base + size_t(slot) * slot_bytes + offset, type, cols, rows, row_stride};
+    }
+};
+struct expert_slot_table {
+    const int32_t* slot_of = nullptr;  // backend memory: the slot of each of the layer's experts
+    const std::byte* base = nullptr;   // backend memory: slot 0
+    size_t slot_bytes = 0;
+    slot_matrix gate, up, down;        // every expert of the layer has these shapes
+};
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -155,6 +176,15 @@ class backend {
     // Whether backend pointers are host pointers (the CPU backend): tests and tools may then read
     // results in place. The model never relies on it.
     virtual bool host_memory() const = 0;
+
+    // ---- steps ----
+    // The ops from step_begin() to step_end() form one step the backend may capture and replay
+    // as a unit (CUDA: one graph per step, updated in place while the step keeps its shape).
+    // In between the host reads nothing back (download() and synchronize() are bugs there) and
+    // uploads come from host memory the call copies (as always). Ops run by step_end() at the
+    // latest, in the order issued; a backend that does not capture ignores both calls.
+    virtual void step_begin() {}
+    virtual void step_end() {}
 
     // ---- matmuls and sums ----
     // y[r] = W x[r] for r < n (x rows of w.cols floats, y rows of w.rows floats; strides in floats).
@@ -243,6 +273,22 @@ class backend {
     // (look-ahead predictions).
     virtual void route(const float* scores, const float* bias, int64_t n, int n_experts, int k, double route_scale,
                        bool select, int32_t* picks, float* weights) = 0;
+    // The routed experts' order for the slot-table ops: row r's k picks (distinct) and their
+    // weights, ascending by expert id, transposed: sorted_picks[j * n + r] (the j-th smallest).
+    // Assignment a = j * n + r is row r's j-th expert in that order; every routed expert's output
+    // then adds into its row in ascending id order, as the host-scheduled MoE adds them.
+    virtual void order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
+                             float* sorted_weights) = 0;
+    // Every assignment's gate and up projections through the slot table (x: n rows of gate.cols
+    // floats, stride gate.cols; g, u: n * k rows of gate.rows floats, assignment a at row a), each
+    // value as matmul_batch() computes it: with `swiglu`, the SwiGLU pair job (limit, the
+    // assignment's weight from sorted_weights) leaving g = swiglu(gate x, up x); else plain
+    // rounded matmuls into g and u.
+    virtual void moe_gate_up(const expert_slot_table& t, const float* x, int64_t n, int k, const int32_t* sorted_picks,
+                             const float* sorted_weights, float* g, float* u, bool swiglu, float limit) = 0;
+    // y[a] = bf16(down_a g[a]) for every assignment (g: n * k rows of down.cols floats; y: rows of down.rows).
+    virtual void moe_down(const expert_slot_table& t, const float* g, int64_t n, int k, const int32_t* sorted_picks,
+                          float* y) = 0;
     // SwiGLU with the V4.1 clamps, in place into g: g[r] = bf16(w[r] · silu(min(g, limit)) ⊙ clamp(u, ±limit)).
     // w may be null (weight 1). g and u hold n rows of `inter` floats.
     virtual void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) = 0;

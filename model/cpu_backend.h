@@ -75,6 +75,12 @@ class cpu_backend final : public backend {
                    const float* sinks, bool bf16_probs) override;
     void simulate_quant(act_quant_kind kind, float* x, int64_t count) override;
     void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) override;
+    void order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
+                     float* sorted_weights) override;
+    void moe_gate_up(const expert_slot_table& t, const float* x, int64_t n, int k, const int32_t* sorted_picks,
+                     const float* sorted_weights, float* g, float* u, bool swiglu, float limit) override;
+    void moe_down(const expert_slot_table& t, const float* g, int64_t n, int k, const int32_t* sorted_picks,
+                  float* y) override;
     void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
                         int64_t n_keys, const int64_t* n_visible, float* scores) override;
     void engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
@@ -92,6 +98,7 @@ class cpu_backend final : public backend {
     std::vector<int64_t> run_starts_;      // output_sum: first unit of each thread's run
     std::vector<const uint16_t*> key_ptrs_;  // attention: every row's keys, in order
     std::vector<int64_t> key_starts_;        // attention: each row's first key in key_ptrs_
+    std::vector<matmul_job> routed_jobs_;    // moe_gate_up / moe_down: one job per assignment
     enum op_id { k_matmul, k_matmul_batch, k_rms_norm, k_rope, k_hc_mixes, k_hc_collapse, k_hc_expand, k_attention,
                  k_swiglu, k_indexer, k_engram, k_quant, k_output_sum, k_select, k_data, k_op_count };
     // Adds the op's wall time to its slot when profiling; nested ops (hc_mixes' matmul) count in both.

@@ -148,6 +148,62 @@ void cpu_backend::route(const float* scores, const float* bias, int64_t n, int n
     }
 }
 
+void cpu_backend::order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
+                              float* sorted_weights) {
+    timer t_(*this, k_select);
+    for (int64_t r = 0; r < n; ++r) {
+        int32_t order[64];
+        MS_ASSERT(k >= 1 && k <= 64);
+        for (int j = 0; j < k; ++j) order[j] = j;
+        const int32_t* p = picks + r * k;
+        std::sort(order, order + k, [&](int32_t a, int32_t b) { return p[a] < p[b]; });
+        for (int j = 0; j < k; ++j) {
+            MS_ASSERT_MSG(j == 0 || p[order[j]] != p[order[j - 1]], "a row picked one expert twice");
+            sorted_picks[j * n + r] = p[order[j]];
+            sorted_weights[j * n + r] = weights[r * k + order[j]];
+        }
+    }
+}
+
+// The slot-table ops as the host-scheduled MoE runs them: one matmul job per assignment (a row's
+// value never depends on the other rows of a job, so the bits are the same).
+void cpu_backend::moe_gate_up(const expert_slot_table& t, const float* x, int64_t n, int k, const int32_t* sorted_picks,
+                              const float* sorted_weights, float* g, float* u, bool swiglu, float limit) {
+    const int64_t inter = t.gate.rows, dim = t.gate.cols;
+    routed_jobs_.clear();
+    for (int64_t a = 0; a < n * k; ++a) {
+        const int64_t r = a % n;
+        const int32_t slot = t.slot_of[sorted_picks[a]];
+        MS_ASSERT_MSG(slot >= 0, "a routed expert without a slot");
+        matmul_job gate{t.gate.in(t.base, t.slot_bytes, slot), x + r * dim, dim, 1, g + a * inter, inter, true};
+        const weight_view up = t.up.in(t.base, t.slot_bytes, slot);
+        if (swiglu) {
+            gate.up = up;
+            gate.u = u + a * inter;
+            gate.u_stride = inter;
+            gate.swiglu_limit = limit;
+            gate.swiglu_w = sorted_weights + a;
+            routed_jobs_.push_back(gate);
+        } else {
+            routed_jobs_.push_back(gate);
+            routed_jobs_.push_back({up, x + r * dim, dim, 1, u + a * inter, inter, true});
+        }
+    }
+    matmul_batch(routed_jobs_);
+}
+
+void cpu_backend::moe_down(const expert_slot_table& t, const float* g, int64_t n, int k, const int32_t* sorted_picks,
+                           float* y) {
+    const int64_t inter = t.down.cols, dim = t.down.rows;
+    routed_jobs_.clear();
+    for (int64_t a = 0; a < n * k; ++a) {
+        const int32_t slot = t.slot_of[sorted_picks[a]];
+        MS_ASSERT_MSG(slot >= 0, "a routed expert without a slot");
+        routed_jobs_.push_back({t.down.in(t.base, t.slot_bytes, slot), g + a * inter, inter, 1, y + a * dim, dim, true});
+    }
+    matmul_batch(routed_jobs_);
+}
+
 void cpu_backend::indexer_select(const indexer_pick& p) {
     timer t_(*this, k_select);
     constexpr float inf = std::numeric_limits<float>::infinity();

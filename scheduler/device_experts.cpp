@@ -81,7 +81,10 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
             return make_error("every device expert slot is pinned (" + std::to_string(slots_.size()) +
                               "): the model held more experts than max_held()");
         slot& v = slots_[size_t(victim)];
-        if (v.key >= 0) slot_of_[size_t(v.key)] = -1;
+        if (v.key >= 0) {
+            slot_of_[size_t(v.key)] = -1;
+            --loaded_;
+        }
         // The upload is ordered after every op issued before it, so a kernel still reading the
         // victim's old weights finishes first.
         const auto host = m_.expert(layer, expert);
@@ -100,11 +103,43 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
         slot_of_[size_t(key)] = victim;
         s = victim;
         ++stats_.misses;
+        if (++loaded_ == m_.total_experts()) publish_tables();
     }
     slot& sl = slots_[size_t(s)];
     ++sl.pins;
     sl.used = ++clock_;
     return sl.views;
+}
+
+void device_experts::publish_tables() {
+    MS_ASSERT(tables_.empty() && int64_t(slots_.size()) == m_.total_experts());
+    slot_of_device_.bind(be_);
+    slot_of_device_.resize(slot_of_.size());
+    be_.upload(slot_of_device_.data(), slot_of_.data(), slot_of_.size() * sizeof(int32_t));
+    for (int L = 0; L < expert_layers(m_); ++L) {
+        const auto ew = m_.expert(L, 0);
+        expert_slot_table t;
+        t.slot_of = slot_of_device_.data() + layer_base_[size_t(L)];
+        t.base = memory_.data();
+        t.slot_bytes = slot_bytes_;
+        // The slot layout of get(): gate, up, down, each aligned.
+        size_t at = 0;
+        const auto matrix = [&](const weight_view& w) {
+            const slot_matrix sm{w.type, w.cols, w.rows, w.row_stride, at};
+            at += aligned(view_bytes(w));
+            return sm;
+        };
+        t.gate = matrix(ew.gate);
+        t.up = matrix(ew.up);
+        t.down = matrix(ew.down);
+        tables_.push_back(t);
+    }
+}
+
+const expert_slot_table* device_experts::slot_table(int layer) {
+    if (tables_.empty()) return nullptr;
+    MS_ASSERT(layer >= 0 && size_t(layer) < tables_.size());
+    return &tables_[size_t(layer)];
 }
 
 void device_experts::release(int layer, int32_t expert) {

@@ -32,6 +32,9 @@ class device_experts final : public dsv41::expert_source {
     result<dsv41::expert_weights> get(int layer, int32_t expert) override;
     void release(int layer, int32_t expert) override;
     int64_t max_held() const override { return int64_t(slots_.size()); }
+    // Once every expert of the model sits in a slot (as many slots as experts, all loaded: with
+    // `preload` from the start), each layer's table for the routed MoE ops; null before.
+    const expert_slot_table* slot_table(int layer) override;
 
     struct counters {
         uint64_t hits = 0, misses = 0, bytes_uploaded = 0;
@@ -42,6 +45,8 @@ class device_experts final : public dsv41::expert_source {
   private:
     device_experts(backend& be, const loaded_model& m) : be_(be), m_(m) {}
     int64_t key_of(int layer, int32_t expert) const;
+    // Uploads the slot of every expert and builds the layers' tables (every expert resident).
+    void publish_tables();
 
     struct slot {
         int64_t key = -1;  // (layer, expert) flattened, -1: empty
@@ -56,6 +61,9 @@ class device_experts final : public dsv41::expert_source {
     std::vector<int64_t> layer_base_;  // first key of each layer
     std::vector<int32_t> slot_of_;     // per key: its slot, or -1
     std::vector<slot> slots_;
+    int64_t loaded_ = 0;                         // slots holding an expert
+    backend_array<int32_t> slot_of_device_;      // slot_of_, once every expert is resident
+    std::vector<expert_slot_table> tables_;      // per layer, once every expert is resident
     uint64_t clock_ = 0;
     counters stats_;
 };

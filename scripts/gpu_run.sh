@@ -58,7 +58,7 @@ if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   for preset in mini-lite mini; do
     "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
     timeout 120 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
-    summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU:' "$OUT/decode_$preset.log" | tr '\n' ' ')")
+    summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")
   done
 fi
 printf '%s\n' "${summary[@]}"

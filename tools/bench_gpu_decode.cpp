@@ -40,6 +40,7 @@ class counting_source final : public dsv41::expert_source {
     result<dsv41::expert_weights> get(int layer, int32_t e) override { return inner_.get(layer, e); }
     void release(int layer, int32_t e) override { inner_.release(layer, e); }
     int64_t max_held() const override { return inner_.max_held(); }
+    const expert_slot_table* slot_table(int layer) override { return inner_.slot_table(layer); }
     int64_t take_bytes() { return std::exchange(bytes_, 0); }
 
   private:
@@ -66,7 +67,21 @@ struct decode_figures {
     std::vector<double> token_s;      // every decode step
     double launches_per_token = 0;
     double expert_bytes_per_token = 0;
+    cuda::backend_stats decode_stats;  // the decode steps' counters
 };
+
+// Expert bytes a one-row step touches when it routes through the slot table (it announces
+// nothing): a row's k picks are distinct.
+int64_t slot_table_bytes_per_token(dsv41::expert_source& source, const dsv41::hparams& hp) {
+    int64_t bytes = 0;
+    for (int L = 0; L < hp.n_layers; ++L) {
+        const expert_slot_table* t = source.slot_table(L);
+        if (!t) return 0;
+        bytes += hp.n_active * int64_t(t->gate.rows * int64_t(t->gate.row_stride) +
+                                       t->up.rows * int64_t(t->up.row_stride) + t->down.rows * int64_t(t->down.row_stride));
+    }
+    return bytes;
+}
 
 // A deterministic prompt spread over the vocabulary.
 std::vector<int32_t> prompt_of(int64_t n, int64_t vocab) {
@@ -97,7 +112,8 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     if (auto st = mdl.forward({&item, 1}, logits); !st) return st.err();
     f.prefill_tps = double(prompt_len) / since(t0);
     count.take_bytes();
-    const auto launches0 = cuda::stats(*s.compute).launches;
+    const auto stats0 = cuda::stats(*s.compute);
+    const int64_t routed_bytes = slot_table_bytes_per_token(source, s.hp());
     int64_t expert_bytes = 0;
     for (int64_t k = 0; k < n; ++k) {
         const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -105,9 +121,15 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
         dsv41::forward_item step{seq.get(), {&next, 1}, false};
         if (auto st = mdl.forward({&step, 1}, logits); !st) return st.err();
         f.token_s.push_back(since(t0));
-        expert_bytes += count.take_bytes();
+        const int64_t announced = count.take_bytes();
+        expert_bytes += announced > 0 ? announced : routed_bytes;
     }
-    f.launches_per_token = double(cuda::stats(*s.compute).launches - launches0) / double(n);
+    const auto stats1 = cuda::stats(*s.compute);
+    f.decode_stats.launches = stats1.launches - stats0.launches;
+    f.decode_stats.graph_launches = stats1.graph_launches - stats0.graph_launches;
+    f.decode_stats.graph_instantiations = stats1.graph_instantiations - stats0.graph_instantiations;
+    f.decode_stats.graph_updates = stats1.graph_updates - stats0.graph_updates;
+    f.launches_per_token = double(f.decode_stats.launches) / double(n);
     f.expert_bytes_per_token = double(expert_bytes) / double(n);
     return f;
 }
@@ -142,22 +164,40 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
     });
     if (!launch) return fail(name, launch.message());
     const double per_launch = *launch / kProbe;
-    auto g = decode_on(s, *s.slots, prompt_len, n);
-    if (!g) return fail(name, g.message());
+    auto node = cuda::graph_node_seconds(gpu, kProbe, 9);
+    if (!node) return fail(name, node.message());
+    std::printf("device-to-device copy: %.0f GB/s; an empty launch: %.2f us on a stream, %.2f us in a graph\n",
+                d2d / 1e9, per_launch * 1e6, *node * 1e6);
     const double dense = double(dense_bytes_per_token(s.files->target));
-    const double bytes = dense + g->expert_bytes_per_token;
-    const double t_gpu = median(g->token_s);
-    const double bytes_floor = bytes / d2d, launch_floor = g->launches_per_token * per_launch;
-    std::printf("device-to-device copy: %.0f GB/s; an empty launch: %.2f us\n", d2d / 1e9, per_launch * 1e6);
-    std::printf("GPU: prefill %.0f tok/s; decode %.3f ms/token (median of %lld; %.3f-%.3f), %.0f tok/s; %.0f kernel "
-                "launches per token (the published port: 6,669)\n",
-                g->prefill_tps, t_gpu * 1e3, static_cast<long long>(n),
-                *std::min_element(g->token_s.begin(), g->token_s.end()) * 1e3,
-                *std::max_element(g->token_s.begin(), g->token_s.end()) * 1e3, 1.0 / t_gpu, g->launches_per_token);
-    std::printf("floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + launch floor %.3f ms "
-                "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
-                bytes / 1e6, dense / 1e6, g->expert_bytes_per_token / 1e6, bytes_floor * 1e3, launch_floor * 1e3,
-                (bytes_floor + launch_floor) * 1e3, t_gpu / (bytes_floor + launch_floor));
+    double t_gpu = 0;
+    // Each step replayed as a CUDA graph (the default), then every kernel launched on the stream.
+    for (bool graphs : {true, false}) {
+        cuda::set_graphs(gpu, graphs);
+        auto g = decode_on(s, *s.slots, prompt_len, n);
+        if (!g) return fail(name, g.message());
+        const double bytes = dense + g->expert_bytes_per_token;
+        const double t = median(g->token_s);
+        const auto& st = g->decode_stats;
+        const bool replayed = st.graph_launches > 0;
+        const double bytes_floor = bytes / d2d, launch_floor = g->launches_per_token * (replayed ? *node : per_launch);
+        std::printf("GPU, %s: prefill %.0f tok/s; decode %.3f ms/token (median of %lld; %.3f-%.3f), %.0f tok/s; %.0f "
+                    "kernels per token (the published port: 6,669 launches)",
+                    graphs ? "graphs" : "stream launches", g->prefill_tps, t * 1e3, static_cast<long long>(n),
+                    *std::min_element(g->token_s.begin(), g->token_s.end()) * 1e3,
+                    *std::max_element(g->token_s.begin(), g->token_s.end()) * 1e3, 1.0 / t, g->launches_per_token);
+        if (replayed)
+            std::printf("; %.2f graph launches per token (%llu instantiated, %llu updated in place)",
+                        double(st.graph_launches) / double(n), static_cast<unsigned long long>(st.graph_instantiations),
+                        static_cast<unsigned long long>(st.graph_updates));
+        std::printf("\n");
+        std::printf("  floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + %s floor %.3f ms "
+                    "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
+                    bytes / 1e6, dense / 1e6, g->expert_bytes_per_token / 1e6, bytes_floor * 1e3,
+                    replayed ? "graph-node" : "launch", launch_floor * 1e3, (bytes_floor + launch_floor) * 1e3,
+                    t / (bytes_floor + launch_floor));
+        if (graphs) t_gpu = t;
+    }
+    cuda::set_graphs(gpu, true);
     // The CPU backend on the same prompt, for the ratio.
     c.runtime.backend = "cpu";
     auto cpu_session = open_model_session(c, false, false);

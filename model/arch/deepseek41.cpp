@@ -104,6 +104,24 @@ struct item_rows {
     int64_t count;  // rows
 };
 
+// backend::step_begin() .. step_end() around a forward, ended on every path out of it.
+class step_scope {
+  public:
+    step_scope(backend& be, bool on) : be_(on ? &be : nullptr) {
+        if (be_) be_->step_begin();
+    }
+    step_scope(const step_scope&) = delete;
+    step_scope& operator=(const step_scope&) = delete;
+    ~step_scope() { end(); }
+    void end() {
+        if (be_) be_->step_end();
+        be_ = nullptr;
+    }
+
+  private:
+    backend* be_;
+};
+
 template <class T>
 void upload_vector(backend& be, backend_array<T>& dst, const std::vector<T>& src) {
     dst.resize(src.size());
@@ -150,6 +168,12 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         for (const auto& it : items)
             for (auto& c : it.seq->sources_) c.entries = entries_before[k++];
     };
+    // A forward of few rows with every expert in the backend's slots reads nothing back before
+    // its logits (no picks, no observer, no hook): the backend may capture it as one step (one
+    // CUDA graph, replayed from step to step).
+    bool capturable = !opts_.hook && !opts_.observer && R <= detail::kMaxSlotTableRows;
+    for (int L = 0; L < hp.n_layers && capturable; ++L) capturable = experts_.slot_table(L) != nullptr;
+    step_scope step(be_, capturable);
     upload_vector(be_, ws.pos, rows.pos);
     rows.pos_dev = ws.pos.data();
 
@@ -587,6 +611,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
         }
     }
     be_.store_keys(stores, hd);
+    step.end();
     logits.resize(size_t(n_out * hp.vocab));
     be_.download(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
     return {};

@@ -106,6 +106,10 @@ class expert_source {
     // How many experts the model may hold (got, not yet released) at once; the model works
     // through a layer's experts in groups of this size.
     virtual int64_t max_held() const { return INT64_MAX; }
+    // The layer's routed experts when every one of them sits in a slot of the compute backend
+    // for as long as the source lives: the model may then route on the backend (order_picks,
+    // moe_gate_up, moe_down) without reading the picks. Null otherwise (the default).
+    virtual const expert_slot_table* slot_table(int layer) { return (void)layer, nullptr; }
     // A cheap prediction: these experts of a later layer will probably be needed soon (ascending).
     // Sources may start reading them at a lower priority than demands; ignoring it is correct.
     virtual void hint(int layer, std::span<const int32_t> experts) { (void)layer, (void)experts; }

@@ -131,6 +131,8 @@ thread_local moe_scratch t_moe;
 // through matmul_batch first and output_sum only adds them up.
 constexpr size_t kMaxDownsInOutput = 16;
 
+constexpr int64_t kMaxTerms = 33;  // a row's routed experts and the shared one
+
 // The gate/up job of an expert: one SwiGLU pair, or (with act_quant, whose fp8 round trip of
 // the activation works on 32-element blocks that tiles need not respect) two plain matmuls.
 void push_gate_up(std::vector<matmul_job>& jobs, const expert_weights& ew, const float* x, int64_t dim, int64_t m,
@@ -154,6 +156,40 @@ void push_gate_up(std::vector<matmul_job>& jobs, const expert_weights& ew, const
 void distinct(std::vector<int32_t>& v) {
     std::sort(v.begin(), v.end());
     v.erase(std::unique(v.begin(), v.end()), v.end());
+}
+
+// moe() with every expert resident: the rows' picks in ascending id order, every assignment's
+// gate/up and down through the slot table, then output_sum adds each row's experts in that order
+// and the shared expert last: the same values, in the same order, as the host-scheduled path.
+status moe_through_slots(const env& e, const layer_weights& lw, const expert_slot_table& t, const float* xe, int64_t n,
+                         int64_t k, int64_t inter, bool pair, float limit, barray<float>& out,
+                         const std::optional<hc_update>& upd) {
+    workspace& ws = e.ws;
+    const int64_t dim = e.hp.dim, n_assign = n * k, sinter = lw.gate_shexp.rows;
+    MS_ASSERT_MSG(t.gate.rows == inter && t.up.rows == inter && t.gate.cols == dim && t.down.rows == dim,
+                  "an expert's shape differs from moe_inter");
+    ws.sorted_picks.resize(size_t(n_assign));
+    ws.sorted_weights.resize(size_t(n_assign));
+    e.be.order_picks(ws.picks.data(), ws.weights.data(), n, int(k), ws.sorted_picks.data(), ws.sorted_weights.data());
+    ws.ex_g.resize(size_t(n_assign * inter));
+    ws.ex_u.resize(size_t(n_assign * inter));
+    ws.ex_y.resize(size_t(n_assign * dim));
+    e.be.moe_gate_up(t, xe, n, int(k), ws.sorted_picks.data(), ws.sorted_weights.data(), ws.ex_g.data(),
+                     ws.ex_u.data(), pair, limit);
+    if (!pair) {
+        e.be.swiglu(ws.ex_g.data(), ws.ex_u.data(), n_assign, inter, limit, ws.sorted_weights.data());
+        act_quant(e, act_quant_kind::fp8_e8m0_32, ws.ex_g.data(), n_assign * inter);
+        e.be.swiglu(ws.shared_g.data(), ws.shared_u.data(), n, sinter, limit, nullptr);
+        act_quant(e, act_quant_kind::fp8_e8m0_32, ws.shared_g.data(), n * sinter);
+    }
+    e.be.moe_down(t, ws.ex_g.data(), n, int(k), ws.sorted_picks.data(), ws.ex_y.data());
+    output_term terms[kMaxTerms];
+    MS_ASSERT(k + 1 <= kMaxTerms);
+    for (int64_t j = 0; j < k; ++j) terms[j] = {{}, nullptr, ws.ex_y.data() + j * n * dim, nullptr, n};
+    terms[k] = {lw.down_shexp, ws.shared_g.data(), nullptr, nullptr, n};
+    out.resize(size_t(n * dim));
+    e.be.output_sum({terms, size_t(k + 1)}, n, dim, out.data(), upd ? &*upd : nullptr);
+    return {};
 }
 
 }  // namespace
@@ -184,7 +220,12 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     ws.scores.resize(size_t(n * n_experts));
     ws.shared_g.resize(size_t(n * sinter));
     ws.shared_u.resize(size_t(n * sinter));
-    const bool look_ahead = next && e.opts.lookahead;  // the next layer's router on this input
+    // Every expert resident in the backend's slots: the routing stays on the backend (no read of
+    // the picks, so no wait for the device, and a CUDA graph of the step stays valid).
+    const expert_slot_table* table = e.opts.hook || n > kMaxSlotTableRows ? nullptr : e.experts.slot_table(layer);
+    // The next layer's router on this input (its picks are a prefetch hint: nothing to fetch
+    // when every expert is resident).
+    const bool look_ahead = next && e.opts.lookahead && !table;
     {
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
@@ -207,6 +248,11 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     MS_ASSERT(lw.exp_probs_b.size == n_experts);
     e.be.route(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale, true, ws.picks.data(),
                ws.weights.data());
+    const int64_t inter = hp.moe_inter;
+    if (table) {
+        observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});
+        return moe_through_slots(e, lw, *table, xe, n, k, inter, pair, limit, out, upd);
+    }
     // The picks are the host's to schedule with (a few bytes).
     std::vector<int32_t>& picks = sc.picks;
     picks.resize(size_t(n_assign));
@@ -246,7 +292,6 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     // them in decode) run inside output_sum, which adds every expert's output in a fixed order,
     // ascending expert id then the shared expert, whatever the grouping or the order the
     // experts became resident in; earlier groups' run as a step of their own first.
-    const int64_t inter = hp.moe_inter;
     std::vector<expert_work>& work = sc.work;
     work.resize(needed.size() + 1);
     for (auto& ex : work) {

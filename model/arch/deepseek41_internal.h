@@ -52,6 +52,8 @@ struct workspace {
     // moe
     barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
     barray<int32_t> picks{be}, predicted{be};
+    barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
+    barray<float> sorted_weights{be};
     barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};
     // draft
     barray<int32_t> draft_tokens{be};
@@ -80,6 +82,11 @@ matmul_job mix_job(const env& e, const float* H, int64_t n, const weight_view& f
 // The mixes from H (fn_h_ready: mix_job's product was computed).
 void compute_mix(const env& e, const float* H, int64_t n, const weight_view& fn, const vector_view& base,
                  const vector_view& scale, hc_mix& mix, bool fn_h_ready = false);
+
+// The most rows a step routes through the slot table (every expert resident): each assignment
+// is a job of its own there, so experts that several rows share are read once per row; decode
+// and verification blocks have few rows, a prefill's hundreds are grouped by expert on the host.
+inline constexpr int64_t kMaxSlotTableRows = 8;
 
 // q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer) and the window kv
 // rows RoPE(RMSNorm(W_kv · x)) from the same input, their matmuls batched: q_a with kv, then q_b with the

@@ -13,6 +13,7 @@
 
 #include "config/assert.h"
 #include "model/cuda/kernels.h"
+#include "model/cuda/moe_kernels.h"
 
 namespace moestream::cuda {
 namespace {
@@ -42,8 +43,9 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 class cuda_backend final : public backend {
   public:
     cuda_backend(device_info info, cudaStream_t stream, uint8_t* host_stage, uint8_t* dev_stage, size_t stage_bytes,
-                 unsigned int* bad_keys)
-        : info_(std::move(info)),
+                 unsigned int* bad_keys, bool graphs)
+        : graphs_(graphs),
+          info_(std::move(info)),
           stream_(stream),
           host_stage_(host_stage),
           dev_stage_(dev_stage),
@@ -51,7 +53,11 @@ class cuda_backend final : public backend {
           bad_keys_(bad_keys) {}
 
     ~cuda_backend() override {
+        if (capturing_) step_end();
         cudaStreamSynchronize(stream_);
+        for (auto& g : graphs_cache_)
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+        for (void* p : pending_free_) cudaFree(p);
         for (auto& s : scratch_)
             if (s.p) cudaFree(s.p);
         cudaFree(dev_stage_);
@@ -74,29 +80,38 @@ class cuda_backend final : public backend {
             (void)cudaGetLastError();  // clear the out-of-memory error: the caller sees nullptr
             return nullptr;
         }
+        note_op(5);
         check(cudaMemsetAsync(p, 0, size, stream_), "cudaMemsetAsync (allocate)");
         stats_.bytes_allocated += size;
         return p;
     }
     void release(void* p) override {
         if (!p) return;
+        // A step being captured may still read it when its graph runs: freed at the next wait.
+        if (capturing_) {
+            pending_free_.push_back(p);
+            return;
+        }
         // cudaFree waits for the device, so no queued op can still read the memory.
         check(cudaFree(p), "cudaFree");
     }
     void upload(void* dst, const void* src, size_t bytes) override {
         if (bytes == 0) return;
         ++stats_.uploads;
+        note_op(1);
         if (bytes <= stage_bytes_ / 4) {
             const size_t at = take_stage(bytes);
             std::memcpy(host_stage_ + at, src, bytes);
             check(cudaMemcpyAsync(dst, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "upload");
         } else {
             // Large (weights at load, a long prompt's rows): from pageable memory, which the
-            // driver copies before returning.
+            // driver copies before returning (never inside a captured step).
+            MS_ASSERT_MSG(!capturing_, "a large upload inside a captured step");
             check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "upload");
         }
     }
     void download(void* dst, const void* src, size_t bytes) override {
+        MS_ASSERT_MSG(!capturing_, "download() inside a captured step");
         ++stats_.downloads;
         if (bytes <= stage_bytes_ / 4) {
             const size_t at = take_stage(bytes);
@@ -109,18 +124,77 @@ class cuda_backend final : public backend {
         }
     }
     void copy(void* dst, const void* src, size_t bytes) override {
+        note_op(2);
         if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
     }
     void fill(void* dst, uint8_t byte, size_t bytes) override {
+        note_op(3);
         if (bytes) check(cudaMemsetAsync(dst, byte, bytes, stream_), "fill");
     }
     void synchronize() override {
+        MS_ASSERT_MSG(!capturing_, "synchronize() inside a captured step (a staging ring too small for one step?)");
         // The store_keys counter of non-bf16 keys rides along with every wait.
         check(cudaMemcpyAsync(&bad_keys_seen_, bad_keys_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
               "synchronize");
         check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
         MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
         stage_at_ = 0;  // every staged copy has finished
+        for (void* p : pending_free_) check(cudaFree(p), "cudaFree");
+        pending_free_.clear();
+    }
+
+    // ---- steps: one CUDA graph each ----
+    // The step's ops are captured from the stream; a step of the same sequence of ops as an
+    // earlier one (its signature) updates that one's executable graph in place (kernel
+    // arguments, grids and copy sizes may differ) instead of instantiating anew, then the graph
+    // runs. Staged descriptors are copied from the pinned ring when the graph runs: the host
+    // writes nothing there before the next wait, which resets the ring.
+    void step_begin() override {
+        if (!graphs_ || capturing_) return;
+        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+        capturing_ = true;
+        signature_ = 1469598103934665603ull;
+        step_ops_ = 0;
+    }
+    void step_end() override {
+        if (!capturing_) return;
+        capturing_ = false;
+        cudaGraph_t graph = nullptr;
+        check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+        graph_entry* entry = nullptr;
+        for (auto& g : graphs_cache_)
+            if (g.exec && g.signature == signature_ && g.ops == step_ops_) entry = &g;
+        if (entry) {
+            cudaGraphExecUpdateResultInfo info{};
+            if (cudaGraphExecUpdate(entry->exec, graph, &info) == cudaSuccess) {
+                ++stats_.graph_updates;
+            } else {
+                (void)cudaGetLastError();
+                check(cudaGraphExecDestroy(entry->exec), "cudaGraphExecDestroy");
+                entry->exec = nullptr;
+            }
+        } else {
+            // The least recently used entry makes room.
+            entry = &graphs_cache_[0];
+            for (auto& g : graphs_cache_)
+                if (!g.exec || g.used < entry->used) entry = &g;
+            if (entry->exec) check(cudaGraphExecDestroy(entry->exec), "cudaGraphExecDestroy");
+            entry->exec = nullptr;
+        }
+        if (!entry->exec) {
+            check(cudaGraphInstantiate(&entry->exec, graph, 0), "cudaGraphInstantiate");
+            ++stats_.graph_instantiations;
+        }
+        entry->signature = signature_;
+        entry->ops = step_ops_;
+        entry->used = ++graph_clock_;
+        check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+        check(cudaGraphLaunch(entry->exec, stream_), "cudaGraphLaunch");
+        ++stats_.graph_launches;
+    }
+    void set_graphs(bool on) {
+        MS_ASSERT(!capturing_);
+        graphs_ = on;
     }
     bool host_memory() const override { return false; }
 
@@ -339,6 +413,40 @@ class cuda_backend final : public backend {
                int32_t* picks, float* weights) override {
         launch(kernels::route(stream_, scores, bias, n, n_experts, k, route_scale, select, picks, weights), "route");
     }
+    void order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
+                     float* sorted_weights) override {
+        launch(kernels::order_picks(stream_, picks, weights, n, k, sorted_picks, sorted_weights), "order_picks");
+    }
+    void moe_gate_up(const expert_slot_table& t, const float* x, int64_t n, int k, const int32_t* sorted_picks,
+                     const float* sorted_weights, float* g, float* u, bool swiglu, float limit) override {
+        MS_ASSERT(t.gate.type == t.up.type && t.gate.rows == t.up.rows && t.gate.cols == t.up.cols &&
+                  t.gate.row_stride == t.up.row_stride);
+        const int64_t inter = t.gate.rows, dim = t.gate.cols;
+        routed_.clear();
+        for (int64_t a = 0; a < n * k; ++a) {
+            kernels::mm_job j = slot_job(t.gate, x + (a % n) * dim, dim, g + a * inter, inter);
+            if (swiglu) {
+                j.up = reinterpret_cast<const uint8_t*>(uintptr_t(t.up.offset));
+                j.u = u + a * inter;
+                j.u_stride = inter;
+                j.swiglu_w = sorted_weights + a;
+                j.swiglu_limit = limit;
+                j.flags |= kernels::kSwiglu;
+                routed_.push_back(j);
+            } else {
+                routed_.push_back(j);
+                routed_.push_back(slot_job(t.up, x + (a % n) * dim, dim, u + a * inter, inter));
+            }
+        }
+        launch_routed(t, sorted_picks, swiglu ? 1 : 2);
+    }
+    void moe_down(const expert_slot_table& t, const float* g, int64_t n, int k, const int32_t* sorted_picks,
+                  float* y) override {
+        const int64_t inter = t.down.cols, dim = t.down.rows;
+        routed_.clear();
+        for (int64_t a = 0; a < n * k; ++a) routed_.push_back(slot_job(t.down, g + a * inter, inter, y + a * dim, dim));
+        launch_routed(t, sorted_picks, 1);
+    }
     void swiglu(float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) override {
         launch(kernels::swiglu(stream_, g, u, n, inter, limit, w), "swiglu");
     }
@@ -350,9 +458,47 @@ class cuda_backend final : public backend {
     }
 
   private:
+    // A rounded matmul job of one row whose weights are a slot matrix: w holds the matrix's
+    // offset in the slot until expand_routed_jobs adds the slot's address on the device.
+    static kernels::mm_job slot_job(const slot_matrix& m, const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+        kernels::mm_job j;
+        j.w = reinterpret_cast<const uint8_t*>(uintptr_t(m.offset));
+        j.rows = m.rows;
+        j.cols = m.cols;
+        j.row_bytes = int64_t(m.row_stride);
+        j.x = x;
+        j.x_stride = x_stride;
+        j.y = y;
+        j.y_stride = y_stride;
+        j.n = 1;
+        j.flags = kernels::kRound;
+        return j;
+    }
+    // routed_'s templates planned as one launch, expanded through the slot table on the device
+    // (into a buffer of fixed address), then the matmul kernel over them.
+    void launch_routed(const expert_slot_table& t, const int32_t* sorted_picks, int per) {
+        if (routed_.empty()) return;
+        const ggml_type type = t.gate.type;
+        const kernels::matmul_plan plan = kernels::plan_matmul(type, routed_.data(), int(routed_.size()));
+        MS_ASSERT_MSG(plan.blocks >= 0, "matmul: rows too long for the kernel's shared memory");
+        const auto* templates = stage_array(routed_);
+        auto* jobs = static_cast<kernels::mm_job*>(scratch(k_scratch_jobs, routed_.size() * sizeof(kernels::mm_job)));
+        launch(kernels::expand_routed_jobs(stream_, templates, int(routed_.size()), per, sorted_picks, t.slot_of,
+                                           reinterpret_cast<const uint8_t*>(t.base), t.slot_bytes, jobs),
+               "expand_routed_jobs");
+        launch(kernels::matmul(stream_, type, jobs, int(routed_.size()), plan.blocks, plan.shared), "matmul (routed)");
+    }
+
     void launch(cudaError_t e, const char* what) {
         ++stats_.launches;
+        note_op(reinterpret_cast<uintptr_t>(what));
         check(e, what);
+    }
+    // The step's signature: the sequence of its ops (a kernel by its launcher's name).
+    void note_op(uint64_t id) {
+        if (!capturing_) return;
+        signature_ = (signature_ ^ id) * 1099511628211ull;
+        ++step_ops_;
     }
 
     // Room for `bytes` in the staging ring (its host half and its device twin share offsets).
@@ -371,6 +517,7 @@ class cuda_backend final : public backend {
         if (bytes == 0) return nullptr;
         const size_t at = take_stage(bytes);
         std::memcpy(host_stage_ + at, v.data(), bytes);
+        note_op(4);
         check(cudaMemcpyAsync(dev_stage_ + at, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "stage");
         return reinterpret_cast<const T*>(dev_stage_ + at);
     }
@@ -380,11 +527,11 @@ class cuda_backend final : public backend {
     }
 
     // Grow-only device buffers the ops use internally.
-    enum scratch_slot { k_scratch_terms, k_scratch_mix, k_scratch_blocks, k_scratch_count };
+    enum scratch_slot { k_scratch_terms, k_scratch_mix, k_scratch_blocks, k_scratch_jobs, k_scratch_count };
     void* scratch(scratch_slot slot, size_t bytes) {
         auto& s = scratch_[slot];
         if (bytes > s.bytes) {
-            if (s.p) check(cudaFree(s.p), "cudaFree (scratch)");
+            if (s.p) release(s.p);
             s.p = nullptr;
             s.bytes = 0;
             const size_t size = round_up(bytes + kPad, kAlign);
@@ -394,6 +541,19 @@ class cuda_backend final : public backend {
         return s.p;
     }
 
+    bool graphs_;
+    bool capturing_ = false;
+    uint64_t signature_ = 0;
+    int64_t step_ops_ = 0;
+    struct graph_entry {
+        cudaGraphExec_t exec = nullptr;
+        uint64_t signature = 0;
+        int64_t ops = 0;
+        uint64_t used = 0;
+    };
+    graph_entry graphs_cache_[8];  // a decode step's few shapes (compressor steps, draft...)
+    uint64_t graph_clock_ = 0;
+    std::vector<void*> pending_free_;
     device_info info_;
     cudaStream_t stream_;
     uint8_t* host_stage_;
@@ -409,6 +569,7 @@ class cuda_backend final : public backend {
     };
     scratch_buffer scratch_[k_scratch_count];
     std::vector<kernels::mm_job> mm_jobs_;
+    std::vector<kernels::mm_job> routed_;
     std::vector<std::vector<const float*>> per_row_;
 };
 
@@ -479,13 +640,53 @@ result<std::unique_ptr<backend>> make_backend(const backend_options& opts) {
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, opts.device) == cudaSuccess && optin > 0)
         kernels::set_shared_memory_limit(size_t(optin));
-    std::unique_ptr<backend> be = std::make_unique<cuda_backend>(*info, stream, host, dev, opts.staging_bytes, bad);
+    std::unique_ptr<backend> be =
+        std::make_unique<cuda_backend>(*info, stream, host, dev, opts.staging_bytes, bad, opts.graphs);
     return be;
 }
 
 backend_stats stats(const backend& be) {
     if (const auto* c = dynamic_cast<const cuda_backend*>(&be)) return c->stats();
     return {};
+}
+
+bool set_graphs(backend& be, bool on) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    if (!c) return false;
+    c->set_graphs(on);
+    return true;
+}
+
+result<double> graph_node_seconds(backend& be, int nodes, int rounds) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    if (!c) return make_error("graph_node_seconds needs the CUDA backend");
+    backend_array<float> one(be, 1);
+    c->synchronize();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    check(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    for (int i = 0; i < nodes; ++i) check(kernels::round_bf16(c->stream(), one.data(), 1), "round_bf16");
+    check(cudaStreamEndCapture(c->stream(), &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    cudaEvent_t start = nullptr, stop = nullptr;
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    check(cudaEventCreate(&stop), "cudaEventCreate");
+    std::vector<double> t;
+    for (int r = 0; r <= rounds; ++r) {
+        check(cudaEventRecord(start, c->stream()), "cudaEventRecord");
+        check(cudaGraphLaunch(exec, c->stream()), "cudaGraphLaunch");
+        check(cudaEventRecord(stop, c->stream()), "cudaEventRecord");
+        check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+        if (r > 0) t.push_back(double(ms) / 1e3 / nodes);  // the first replay warms up
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
 }
 
 result<void*> stream_of(backend& be) {

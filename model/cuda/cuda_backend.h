@@ -37,6 +37,8 @@ struct backend_options {
     int device = 0;
     // Pinned host staging for uploads, downloads and op descriptors (a ring; also its device twin).
     size_t staging_bytes = size_t(64) << 20;
+    // Capture each step (backend::step_begin .. step_end) as a CUDA graph and replay it.
+    bool graphs = true;
 };
 
 // A backend on the probed device; errors name the CUDA call that failed.
@@ -44,12 +46,22 @@ result<std::unique_ptr<backend>> make_backend(const backend_options& opts);
 
 // Counters of a CUDA backend, for bench and /metrics.
 struct backend_stats {
-    uint64_t launches = 0;       // kernels launched (memcpy/memset calls not counted)
+    uint64_t launches = 0;       // kernels launched or captured (memcpy/memset calls not counted)
+    uint64_t graph_launches = 0;  // steps replayed as a graph
+    uint64_t graph_instantiations = 0, graph_updates = 0;
     uint64_t uploads = 0, downloads = 0;
     uint64_t bytes_allocated = 0;
 };
 // The counters of `be` when it is a CUDA backend (else all zero).
 backend_stats stats(const backend& be);
+
+// Turns the capture of steps as CUDA graphs on or off (bench: both in one run); false when `be`
+// is not a CUDA backend.
+bool set_graphs(backend& be, bool on);
+
+// The device time per kernel of a CUDA graph of `nodes` one-element kernels (the floor of a
+// step replayed as a graph), measured over `rounds` replays (median).
+result<double> graph_node_seconds(backend& be, int nodes, int rounds);
 
 // Seconds the device spent on `work` (ops issued on a CUDA backend `be`), timed with events on
 // the backend's stream; waits for it. An error when `be` is not a CUDA backend.

@@ -35,7 +35,7 @@ struct mm_job {
     uint32_t flags = 0;
     float swiglu_limit = 0;
     int64_t first_block = 0;  // the job's first thread block (a prefix sum over the launch's jobs)
-    int32_t block_rows = 0;   // output rows per block (plan_matmul)
+    int32_t block_rows = 0;   // output rows per block (plan_matmul); MXFP4 tensor-core jobs: -tiles per block
 };
 inline constexpr uint32_t kRound = 1, kRouterScore = 2, kSwiglu = 4;
 // Warps a thread block of the matmul kernel runs, the most output rows a block takes, and the
@@ -63,7 +63,10 @@ struct matmul_plan {
     size_t shared = 0;
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
-// Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul.
+// Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul. MXFP4
+// jobs whose cols are a multiple of 128 (up to 24,000) run on the tensor cores (matmul_mma.cuh:
+// 16 weight rows a warp, x split into fp16 hi + lo, 512-thread blocks, up to ~227 KiB of shared
+// memory); other MXFP4 shapes, in the same launch, on the CUDA-core path.
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
                    size_t shared);
 

@@ -10,9 +10,12 @@
 // read from global memory, each such read touched 32 cache lines. So a value depends only on the weight row,
 // the x row and cols: never on how many rows the batch has, which group or warp computed it, or
 // the grid (the determinism contract of cuda_backend.h). One kernel serves decode and prefill;
-// weights are read once per group of rows.
+// weights are read once per group of rows. MXFP4 launches run k_matmul_mxfp4: the tensor-core
+// path of matmul_mma.cuh for the shapes it takes (cols a multiple of 128), this one (with 16
+// warps a block) for the others, chosen per job by its shape.
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/matmul_mma.cuh"
 
 namespace moestream::cuda::kernels {
 namespace {
@@ -186,6 +189,24 @@ __device__ __forceinline__ float router_score(float v) {
     return __fsqrt_rn(softplus);
 }
 
+// The epilogue of output o of x row `row`: v the dot with W[o], vu with the pair's up row.
+__device__ __forceinline__ void store_output(const mm_job& jb, float v, float vu, int64_t row, int64_t o, bool pair) {
+    if (jb.flags & kRound) v = numeric::round_bf16(v);
+    if (jb.flags & kRouterScore) v = router_score(v);
+    if (pair) {
+        const float u = (jb.flags & kRound) ? numeric::round_bf16(vu) : vu;
+        jb.u[row * jb.u_stride + o] = u;
+        // SwiGLU with the V4.1 clamps, as the CPU's swiglu_row: each operation rounded alone.
+        const float limit = jb.swiglu_limit;
+        const float gv = fminf(v, limit);
+        const float uv = fminf(fmaxf(u, -limit), limit);
+        const float e = numeric::exp_float(-gv);
+        const float wr = jb.swiglu_w ? jb.swiglu_w[row] : 1.0f;
+        v = numeric::round_bf16(__fmul_rn(wr, __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, e)), uv)));
+    }
+    jb.y[row * jb.y_stride + o] = v;
+}
+
 // One output row o of job jb against the group's nr x rows (in shared memory), by one warp.
 template <ggml_type T>
 __device__ __forceinline__ void matmul_row(const mm_job& jb, const float* xs, int64_t row_floats, int64_t r0, int nr,
@@ -224,64 +245,136 @@ __device__ __forceinline__ void matmul_row(const mm_job& jb, const float* xs, in
 #pragma unroll
     for (int r = 0; r < kMatmulRows; ++r) {
         if (r >= nr) break;
-        float v = warp_sum(acc[r]);
+        const float v = warp_sum(acc[r]);
         const float vu = urow ? warp_sum(accu[r]) : 0.0f;
         if (lane != r) continue;  // lane r writes row r (the values are the same in every lane)
-        const int64_t row = r0 + r;
-        if (jb.flags & kRound) v = numeric::round_bf16(v);
-        if (jb.flags & kRouterScore) v = router_score(v);
-        if (urow) {
-            const float u = (jb.flags & kRound) ? numeric::round_bf16(vu) : vu;
-            jb.u[row * jb.u_stride + o] = u;
-            // SwiGLU with the V4.1 clamps, as the CPU's swiglu_row: each operation rounded alone.
-            const float limit = jb.swiglu_limit;
-            const float gv = fminf(v, limit);
-            const float uv = fminf(fmaxf(u, -limit), limit);
-            const float e = numeric::exp_float(-gv);
-            const float wr = jb.swiglu_w ? jb.swiglu_w[row] : 1.0f;
-            v = numeric::round_bf16(__fmul_rn(wr, __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, e)), uv)));
-        }
-        jb.y[row * jb.y_stride + o] = v;
+        store_output(jb, v, vu, r0 + r, o, urow != nullptr);
     }
 }
 
-// A block takes block_rows output rows of one job against one group of its x rows: it
-// copies the group's x rows into shared memory once (coalesced), then each warp computes its
-// output rows from there.
-template <ggml_type T>
-__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs) {
-    extern __shared__ float xs[];
-    const int64_t blk = blockIdx.x;
+// The job a block belongs to (binary search over first_block).
+__device__ __forceinline__ const mm_job& find_job(const mm_job* __restrict__ jobs, int n_jobs, int64_t blk) {
     int lo = 0, hi = n_jobs - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (jobs[mid].first_block <= blk) lo = mid;
         else hi = mid - 1;
     }
-    const mm_job& jb = jobs[lo];
+    return jobs[lo];
+}
+
+// A block of kWarps warps takes block_rows output rows of one job against one group of its x
+// rows: it copies the group's x rows into shared memory once (coalesced), then each warp
+// computes its output rows from there (the warp count changes which warp computes a row, never
+// its value).
+template <ggml_type T, int kWarps>
+__device__ __forceinline__ void cuda_core_block(const mm_job& jb, int64_t local, float* xs) {
+    constexpr int kBlockThreads = kWarps * kWarp;
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t chunks = (jb.cols + 31) / 32;
     const int group = matmul_group_rows(jb.cols);
     const int64_t row_blocks = (jb.rows + jb.block_rows - 1) / jb.block_rows;
-    const int64_t local = blk - jb.first_block;
     const int64_t g = local / row_blocks, rb = local % row_blocks;
     const int64_t r0 = g * group;
     const int nr = jb.n - r0 < group ? int(jb.n - r0) : group;
     const int64_t row_floats = chunks * kChunkFloats;
     const int64_t padded = chunks * 32;
-    for (int64_t i = threadIdx.x; i < nr * padded; i += kThreads) {
+    for (int64_t i = threadIdx.x; i < nr * padded; i += kBlockThreads) {
         const int64_t r = i / padded, e = i - r * padded;
         xs[r * row_floats + (e / 32) * kChunkFloats + (e % 32)] = e < jb.cols ? jb.x[(r0 + r) * jb.x_stride + e] : 0.0f;
     }
     __syncthreads();
-    for (int k = 0; k < jb.block_rows / kMatmulWarps; ++k) {
-        const int64_t o = rb * jb.block_rows + k * kMatmulWarps + warp;
-        if (o < jb.rows) matmul_row<T>(jb, xs, row_floats, r0, nr, o, lane);
+    for (int k = 0; k < (jb.block_rows + kWarps - 1) / kWarps; ++k) {
+        const int64_t o = rb * jb.block_rows + k * kWarps + warp;
+        if (k * kWarps + warp < jb.block_rows && o < jb.rows) matmul_row<T>(jb, xs, row_floats, r0, nr, o, lane);
+    }
+}
+
+template <ggml_type T>
+__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs) {
+    extern __shared__ float xs[];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    cuda_core_block<T, kMatmulWarps>(jb, blk - jb.first_block, xs);
+}
+
+// MXFP4 launches: a job planned for the tensor cores (block_rows = -tiles per block, see
+// matmul_mma.cuh) runs the mma path; the others (shapes it does not take) the CUDA-core one.
+__global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_job* __restrict__ jobs, int n_jobs) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
+    __shared__ int sexp[mma::kMmaGroupRows];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    const int64_t local = blk - jb.first_block;
+    if (jb.block_rows > 0) {
+        cuda_core_block<ggml_type::mxfp4, mma::kMmaWarps>(jb, local, reinterpret_cast<float*>(smem));
+        return;
+    }
+    const int per_block = -jb.block_rows;
+    const bool pair = jb.up != nullptr;
+    const int64_t tile_rows = pair ? 8 : 16;
+    const int64_t tiles = (jb.rows + tile_rows - 1) / tile_rows;
+    const int64_t chunks = (tiles + per_block - 1) / per_block;
+    const int64_t grp = local / chunks, chunk = local % chunks;
+    const int gsz = mma::mma_group_rows(jb.cols);
+    const int64_t r0 = grp * gsz;
+    const int nr = jb.n - r0 < gsz ? int(jb.n - r0) : gsz;
+    const int64_t blocks = jb.cols / 32;
+    uint4* xs = reinterpret_cast<uint4*>(smem);
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const int64_t tile = chunk * per_block + warp;
+    const bool active = warp < per_block && tile < tiles;
+    uint8_t* ring = smem + blocks * nr * 128 + size_t(warp) * mma::kMmaStages * mma::kStageBytes;
+    // Fragment row f (0..15) of the tile: its weight row (clamped to the matrix: rows past the
+    // end are loaded but never stored) and output index.
+    auto row_of = [&](int f, int64_t& o) -> const uint8_t* {
+        if (pair) {
+            o = tile * 8 + (f & 7);
+            const int64_t oc = o < jb.rows ? o : jb.rows - 1;
+            return (f < 8 ? jb.w : jb.up) + oc * jb.row_bytes;
+        }
+        o = tile * 16 + f;
+        const int64_t oc = o < jb.rows ? o : jb.rows - 1;
+        return jb.w + oc * jb.row_bytes;
+    };
+    const uint8_t* src[5];
+    int dst[5];
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+        const int i = lane + 32 * j, f = i / 10;
+        int64_t o;
+        src[j] = row_of(f, o);
+        dst[j] = f * mma::kRowPitch + (i % 10) * 16;
+    }
+    if (active) mma::prefetch_tile(src, dst, blocks, ring);
+    mma::stage_x(jb, r0, nr, xs, sexp, red);
+    if (!active) return;
+    const int g = lane >> 2, t = lane & 3;
+    int64_t oA, oB;
+    const uint8_t* rowA = row_of(g, oA);
+    const uint8_t* rowB = row_of(g + 8, oB);
+    float out[4];
+    mma::compute_tile(rowA, rowB, src, dst, blocks, xs, nr, ring, lane, out);
+    if (t >= 2) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int xr = 2 * t + i;
+        if (xr >= nr) continue;
+        const int e = 14 - sexp[xr];
+        const float vA = scalbnf(out[i], e), vB = scalbnf(out[2 + i], e);
+        if (pair) {
+            if (oA < jb.rows) store_output(jb, vA, vB, r0 + xr, oA, true);
+        } else {
+            if (oA < jb.rows) store_output(jb, vA, 0.0f, r0 + xr, oA, false);
+            if (oB < jb.rows) store_output(jb, vB, 0.0f, r0 + xr, oB, false);
+        }
     }
 }
 
 template <ggml_type T>
 cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+    if (shared > kMatmulSharedBytes) return cudaErrorInvalidValue;
     // Opting in to more than 48 KiB of shared memory, once per kernel.
     static bool opted_in = false;
     if (shared > (48u << 10) && !opted_in) {
@@ -291,6 +384,21 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
         opted_in = true;
     }
     k_matmul<T><<<blocks, kThreads, shared, s>>>(jobs, n_jobs);
+    return cudaGetLastError();
+}
+
+constexpr size_t kMxfp4SharedMax = mma::kXBudget + mma::kStagingBytes;
+
+cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+    if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
+    static bool opted_in = false;
+    if (shared > (48u << 10) && !opted_in) {
+        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   int(kMxfp4SharedMax));
+        if (e != cudaSuccess) return e;
+        opted_in = true;
+    }
+    k_matmul_mxfp4<<<blocks, mma::kMmaThreads, shared, s>>>(jobs, n_jobs);
     return cudaGetLastError();
 }
 
@@ -314,7 +422,76 @@ size_t shared_bytes(int64_t n, int64_t cols) {
 
 }  // namespace
 
-matmul_plan plan_matmul(ggml_type, mm_job* jobs, int n_jobs) {
+namespace {
+
+// Whether a MXFP4 job takes the tensor-core path: a shape question (cols a multiple of 128 and
+// small enough for one x row in shared memory), plus 4-byte aligned rows (always so for the
+// model's tensors: a stage's block offsets are then known mod 4).
+bool takes_mma(const mm_job& j) {
+    return mma::mma_group_rows(j.cols) > 0 && j.row_bytes % 4 == 0 && j.row_bytes >= j.cols / 32 * 17 &&
+           reinterpret_cast<uintptr_t>(j.w) % 4 == 0 && reinterpret_cast<uintptr_t>(j.up) % 4 == 0;
+}
+
+int64_t mma_tiles(const mm_job& j) {
+    const int64_t tile_rows = j.up ? 8 : 16;
+    const int g = mma::mma_group_rows(j.cols);
+    return ((j.n + g - 1) / g) * ((j.rows + tile_rows - 1) / tile_rows);
+}
+
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            v = 132;
+        return v > 0 ? v : 132;
+    }();
+    return n;
+}
+
+// MXFP4: tiles per block (the same for every mma job of the launch) so that the launch's
+// tiles spread over the SMs in one wave where they can (which block or warp computes a tile
+// never changes its values); the other jobs as the CUDA-core kernel plans them, with 16 warps.
+matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
+    matmul_plan p;
+    int64_t tiles = 0, core_blocks = 0;
+    for (int i = 0; i < n_jobs; ++i) {
+        mm_job& j = jobs[i];
+        if (takes_mma(j)) {
+            tiles += mma_tiles(j);
+            const size_t sh = mma::mma_shared_bytes(j.cols, j.n);
+            if (sh > p.shared) p.shared = sh;
+        } else {
+            const int64_t b = plan_job(j, kMatmulBlockRows);
+            if (b < 0) return {-1, 0};
+            core_blocks += b;
+            const size_t sh = shared_bytes(j.n, j.cols);
+            if (sh > p.shared) p.shared = sh;
+        }
+    }
+    const int64_t sms = sm_count();
+    int64_t per_block = (tiles + sms - 1) / sms;
+    per_block = per_block < 1 ? 1 : per_block > mma::kMmaWarps ? mma::kMmaWarps : per_block;
+    const int core_rows = core_blocks < 264 ? mma::kMmaWarps : kMatmulBlockRows;
+    for (int i = 0; i < n_jobs; ++i) {
+        mm_job& j = jobs[i];
+        j.first_block = p.blocks;
+        if (takes_mma(j)) {
+            const int64_t tile_rows = j.up ? 8 : 16;
+            const int g = mma::mma_group_rows(j.cols);
+            const int64_t row_tiles = (j.rows + tile_rows - 1) / tile_rows;
+            j.block_rows = -int32_t(per_block);
+            p.blocks += ((j.n + g - 1) / g) * ((row_tiles + per_block - 1) / per_block);
+        } else {
+            p.blocks += plan_job(j, core_rows);
+        }
+    }
+    return p;
+}
+
+}  // namespace
+
+matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs) {
+    if (type == ggml_type::mxfp4) return plan_mxfp4(jobs, n_jobs);
     matmul_plan p;
     int64_t blocks = 0;
     for (int i = 0; i < n_jobs; ++i) {
@@ -339,14 +516,13 @@ cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_job
                    size_t shared) {
     if (n_jobs == 0 || total_blocks == 0) return cudaSuccess;
     if (total_blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
-    if (shared > kMatmulSharedBytes) return cudaErrorInvalidValue;
     const unsigned blocks = unsigned(total_blocks);
     switch (type) {
         case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, jobs, n_jobs, blocks, shared);
         case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared);
         case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared);
         case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared);
-        case ggml_type::mxfp4: return launch_matmul<ggml_type::mxfp4>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::mxfp4: return launch_mxfp4(s, jobs, n_jobs, blocks, shared);
         default: return cudaErrorInvalidValue;
     }
 }

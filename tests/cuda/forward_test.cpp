@@ -118,6 +118,28 @@ BOOST_AUTO_TEST_CASE(logits_do_not_depend_on_the_batch, *needs(kFx)) {
     }
 }
 
+// Steps replayed as CUDA graphs (the default once every expert is resident: the MoE routes
+// through the slot table) give the bits of the same steps launched kernel by kernel, and later
+// decode steps update an instantiated graph in place.
+BOOST_AUTO_TEST_CASE(graph_steps_give_the_launched_bits, *needs(kFx)) {
+    auto& m = on_gpu(kFx);
+    const auto before = cuda::stats(*m.backend);
+    const auto with_graphs = run(m);
+    const auto after = cuda::stats(*m.backend);
+    BOOST_TEST(after.graph_launches - before.graph_launches >= 4u);  // the decode steps at least
+    BOOST_TEST(after.graph_updates - before.graph_updates >= 1u);
+    BOOST_TEST_REQUIRE(cuda::set_graphs(*m.backend, false));
+    const auto launched = run(m);
+    cuda::set_graphs(*m.backend, true);
+    BOOST_TEST(cuda::stats(*m.backend).graph_launches == after.graph_launches);
+    REQUIRE_BITS_EQUAL(with_graphs, launched);
+    // A one-slot cache routes on the host (picks read back): no graph.
+    auto& one = on_gpu(kFx, false, 1);
+    const auto g0 = cuda::stats(*one.backend).graph_launches;
+    REQUIRE_BITS_EQUAL(run(one), with_graphs);
+    BOOST_TEST(cuda::stats(*one.backend).graph_launches == g0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace moestream::test

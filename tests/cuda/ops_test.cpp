@@ -107,6 +107,71 @@ BOOST_AUTO_TEST_CASE(matmul_batch_pairs_router_and_rounding) {
     REQUIRE_BITS_EQUAL(run(gpu(), true, false), got);
 }
 
+// The MXFP4 tensor-core path (matmul_mma.cuh) on expert-like shapes: rows of 5120 and 2304
+// columns, a SwiGLU pair and a plain job in one launch, x rows of very different magnitudes
+// (bf16 values, fp32 values, scaled by 2^20 and 2^-20), against the CPU row by row, and each x
+// row alone giving its bits in the batch.
+BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch) {
+    struct shape {
+        int64_t rows, cols;
+    };
+    uint32_t seed = 700;
+    for (auto [rows, cols] : {shape{200, 5120}, shape{150, 2304}, shape{37, 128}}) {
+        const auto gate = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        const auto up = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        const auto plain = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        for (int64_t n : {1, 2, 4, 5, 8, 9, 33}) {
+            const int64_t stride = cols + 16;
+            std::vector<float> x(size_t(n * stride));
+            for (int64_t r = 0; r < n; ++r) {
+                const auto v = (r % 2) ? float_values(size_t(cols), ++seed) : bf16_values(size_t(cols), ++seed);
+                const float scale = r % 3 == 1 ? std::ldexp(1.0f, 20) : r % 3 == 2 ? std::ldexp(1.0f, -20) : 1.0f;
+                for (int64_t c = 0; c < cols; ++c) x[size_t(r * stride + c)] = v[size_t(c)] * scale;
+            }
+            const auto rw = float_values(size_t(n), ++seed);
+            struct out {
+                std::vector<float> g, u, p;
+            };
+            // rows [r0, r0 + m) of x through the pair and the plain job in one launch.
+            auto run = [&](backend& be, bool on_gpu, int64_t r0, int64_t m) {
+                auto xa = put(be, x), wa = put(be, rw);
+                backend_array<float> g(be, size_t(m * rows)), u(be, size_t(m * rows)), pl(be, size_t(m * rows));
+                matmul_job pair{on_gpu ? gate.on_gpu : gate.on_cpu, xa.data() + r0 * stride, stride, m, g.data(), rows,
+                                false};
+                pair.up = on_gpu ? up.on_gpu : up.on_cpu;
+                pair.u = u.data();
+                pair.u_stride = rows;
+                pair.swiglu_limit = 7.0f;
+                pair.swiglu_w = wa.data() + r0;
+                const matmul_job job{on_gpu ? plain.on_gpu : plain.on_cpu, xa.data() + r0 * stride, stride, m, pl.data(),
+                                     rows, false};
+                const std::vector<matmul_job> jobs{pair, job};
+                be.matmul_batch(jobs);
+                return out{get(be, g), get(be, u), get(be, pl)};
+            };
+            const out want = run(cpu(), false, 0, n), got = run(gpu(), true, 0, n);
+            auto row_of = [&](const std::vector<float>& v, int64_t r) {
+                return std::vector<float>(v.begin() + r * rows, v.begin() + (r + 1) * rows);
+            };
+            for (int64_t r = 0; r < n; ++r) {
+                const double eu = rel_error(row_of(got.u, r), row_of(want.u, r));
+                const double ep = rel_error(row_of(got.p, r), row_of(want.p, r));
+                const double eg = rel_error(row_of(got.g, r), row_of(want.g, r));
+                BOOST_TEST(eu <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": up rel error " << eu);
+                BOOST_TEST(ep <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": rel error " << ep);
+                // SwiGLU rounds to bf16: a flipped rounding is 2^-8 of a value.
+                BOOST_TEST(eg <= 1e-2, rows << "x" << cols << " n " << n << " row " << r << ": swiglu rel error " << eg);
+            }
+            for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 4)) {
+                const out alone = run(gpu(), true, r, 1);
+                REQUIRE_BITS_EQUAL(alone.g, row_of(got.g, r));
+                REQUIRE_BITS_EQUAL(alone.u, row_of(got.u, r));
+                REQUIRE_BITS_EQUAL(alone.p, row_of(got.p, r));
+            }
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(rms_norm_gives_the_cpu_bits) {
     for (int64_t dim : {64, 1000, 5120})
         for (bool weighted : {false, true})

@@ -227,6 +227,50 @@ BOOST_AUTO_TEST_CASE(budgets_too_small_are_named, *needs()) {
     BOOST_TEST(!p.ok());
 }
 
+// Every expert in slots of the compute backend (the CPU's memory here): decode and small batches
+// route on the backend through the slot table (order_picks, moe_gate_up, moe_down), without
+// reading the picks or getting an expert, and give the host-scheduled path's bits, with and
+// without the reference's activation round trips; a prefill's rows still go through get().
+BOOST_AUTO_TEST_CASE(slot_table_routing_gives_the_host_scheduled_bits, *needs()) {
+    auto& m = fixture(kFx);
+    auto slots = device_experts::create(*m.backend, *m.files, m.files->total_experts(), true);
+    BOOST_TEST_REQUIRE(slots.ok(), (slots.ok() ? std::string() : slots.message()));
+    auto& table_source = **slots;
+    BOOST_TEST_REQUIRE(table_source.slot_table(0) != nullptr);
+    BOOST_TEST(m.experts->slot_table(0) == nullptr);  // the mapping: host-scheduled
+    for (bool act_quant : {false, true}) {
+        std::vector<float> got[2];
+        for (int via_slots = 0; via_slots < 2; ++via_slots) {
+            dsv41::expert_source& src = via_slots ? static_cast<dsv41::expert_source&>(table_source) : *m.experts;
+            dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, src, *m.backend);
+            dsv41::model_options o;
+            o.act_quant = act_quant;
+            mdl.set_options(o);
+            auto a = mdl.new_sequence(128, 16), b = mdl.new_sequence(128, 16);
+            const auto tokens = prompt40();
+            std::vector<float>& all = got[via_slots];
+            std::vector<float> part;
+            dsv41::forward_item items[2] = {{a.get(), tokens, true}, {b.get(), {tokens.data(), 20}, true}};
+            BOOST_TEST_REQUIRE(mdl.forward(items, all).ok());
+            const uint64_t gets = table_source.stats().hits;
+            for (int32_t t : {5, 77, 300, 12}) {
+                dsv41::forward_item one{a.get(), {&t, 1}, true};  // one row
+                BOOST_TEST_REQUIRE(mdl.forward({&one, 1}, part).ok());
+                all.insert(all.end(), part.begin(), part.end());
+                const int32_t u = t + 1;
+                dsv41::forward_item two[2] = {{a.get(), {&u, 1}, true}, {b.get(), {&t, 1}, true}};  // two rows
+                BOOST_TEST_REQUIRE(mdl.forward(two, part).ok());
+                all.insert(all.end(), part.begin(), part.end());
+            }
+            if (via_slots) BOOST_TEST(table_source.stats().hits == gets);  // no expert was got in decode
+            dsv41::draft_output d;
+            BOOST_TEST_REQUIRE(mdl.draft(*a, 9, d).ok());
+            all.insert(all.end(), d.logits.begin(), d.logits.end());
+        }
+        BOOST_TEST(same_bits(got[0], got[1]), "act_quant " << act_quant);
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace moestream::test

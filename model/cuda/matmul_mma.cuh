@@ -1,0 +1,281 @@
+// The tensor-core (mma.sync m16n8k16, fp16 in, fp32 out) matmul of MXFP4 weights, included by
+// matmul.cu (its launcher and planner live there). Device code only.
+//
+// A thread block of kMmaWarps warps takes one job, one group of up to 4 x rows and up to
+// kMmaWarps tiles of 16 weight rows (a SwiGLU pair's tile: 8 gate rows in the fragment's rows
+// 0-7, the same 8 up rows in 8-15); each warp computes one tile over the whole row, so a value
+// never depends on which block or warp computed it.
+//
+// x. Each x row r gets a power-of-two scale 2^s_r from its own max |x| (max |x| 2^s_r in
+// [2^14, 2^15)), and x' = x 2^s_r is split into hi = fp16(x') and lo = fp16(x' - hi) (x' - hi
+// is exact in fp32; hi + lo carries 22 bits, bf16 x is exact in hi). hi goes in the mma's
+// column r, lo in column 4 + r; y = (acc_hi + acc_lo) 2^(14 - s_r). Columns of x rows past the
+// group's end hold copies of its last row and are never written: a column's sums depend only
+// on its own B values. The group's x rows sit in shared memory already in the B fragments'
+// order: per 32-block, per x row, per part (hi, lo), per lane quad position t one uint4 (the
+// four .f16x2 B registers of the block's two mmas), so a lane's B registers are one LDS.128.
+//
+// Weights. A 32-block of 17 bytes (e8m0 exponent e, 16 bytes qs). Fragment lane (g, t) takes
+// qs word t (bytes 4t..4t+3: elements 4t..4t+3 in the low nibbles, 4t+16..4t+19 in the high
+// ones) of its two rows g and g + 8 and decodes it into four .f16x2 registers without
+// conversions: the nibbles i and i + 4 of the word land in the low and high halves with one
+// shift each, the 3 magnitude bits at fp16 bits 11:9 and the sign at bit 15, which is the
+// e2m1 value times 2^-14 exactly (0.5 becomes an fp16 subnormal):
+//   D0 = elements (4t, 4t+2), D1 = (4t+16, 4t+18), D2 = (4t+1, 4t+3), D3 = (4t+17, 4t+19).
+// The first mma takes A = {D0(g), D0(g+8), D1(g), D1(g+8)}, so its k slots 2t, 2t+1, 2t+8,
+// 2t+9 hold the elements 4t, 4t+2, 4t+16, 4t+18 (every even element of the block over the
+// four t); the second takes D2, D3 (the odd elements). The x side is packed with the same
+// permutation. Per block the two mmas run into a zeroed accumulator, which is then added to
+// the row's fp32 accumulator times the block scale 2^(e-127) (exact: e << 23; the 2^14 of the
+// decoding is folded into the final 2^(14 - s_r)), in block order: the summation order is
+// fixed by cols alone.
+//
+// Loads. A warp streams its 16 rows through a ring of kMmaStages stages in shared memory by
+// cp.async (16-byte pieces from the 16-byte boundary at or below the stage's first byte: 8
+// blocks, 136 bytes, a 160-byte window); the block offsets within a stage are then known mod 4
+// at compile time, so a lane's qs word is one or two LDS.32 and a constant funnel shift, its
+// scale one LDS.U8.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include "model/cuda/device_common.cuh"
+#include "model/cuda/kernels.h"
+
+namespace moestream::cuda::kernels::mma {
+
+inline constexpr int kMmaWarps = 16;
+inline constexpr int kMmaThreads = kMmaWarps * kWarp;
+inline constexpr int kMmaGroupRows = 4;      // x rows per group (mma columns: hi 0..3, lo 4..7)
+inline constexpr int kMmaStages = 3;         // cp.async ring depth per warp
+inline constexpr int kStageBlocks = 8;       // 32-blocks per stage
+inline constexpr int kStageWindow = 160;     // bytes a stage copies per row (10 pieces of 16)
+inline constexpr int kRowPitch = 176;        // shared bytes per row and stage (conflict-free LDS)
+inline constexpr int kStageBytes = 16 * kRowPitch;
+inline constexpr size_t kStagingBytes = size_t(kMmaWarps) * kMmaStages * kStageBytes;
+inline constexpr size_t kXBudget = 96000;    // shared bytes for a group's x (16 per column at 4 rows)
+
+// x rows per group for rows of `cols` columns (0: the shape is not for the mma kernel).
+constexpr int mma_group_rows(int64_t cols) {
+    if (cols <= 0 || cols % 128 != 0) return 0;
+    const int64_t fit = int64_t(kXBudget) / (cols * 4);
+    return int(fit < kMmaGroupRows ? fit : kMmaGroupRows);
+}
+// Shared bytes of a block: the group's x (blocks x rows x 128) after which the stage rings.
+constexpr size_t mma_shared_bytes(int64_t cols, int64_t n) {
+    const int g = mma_group_rows(cols);
+    const int64_t rows = n < g ? n : g;
+    return size_t((cols / 32) * rows * 128) + kStagingBytes;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// d = A B + c for one m16n8k16 (fp16 A row-major, B col-major, fp32 accumulators).
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                          const float (&c)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
+
+// The eight e2m1 values of qs word q as four .f16x2 registers, each value times 2^-14.
+__device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&d)[4]) {
+    d[0] = ((q << 9) & 0x0E000E00u) | ((q << 12) & 0x80008000u);
+    d[1] = ((q << 5) & 0x0E000E00u) | ((q << 8) & 0x80008000u);
+    d[2] = ((q << 1) & 0x0E000E00u) | ((q << 4) & 0x80008000u);
+    d[3] = ((q >> 3) & 0x0E000E00u) | (q & 0x80008000u);
+}
+
+__device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
+    return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
+}
+
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }  // |e| <= 126
+
+// Stages the group's x rows [r0, r0 + nr) of the job in `xs` (layout above) and their scale
+// exponents in `sexp`. Every thread of the block takes part (ends with a barrier).
+__device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, uint4* xs, int* sexp,
+                                        float (*red)[kMmaGroupRows]) {
+    const int tid = int(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
+    float m[kMmaGroupRows];
+#pragma unroll
+    for (int r = 0; r < kMmaGroupRows; ++r) {
+        m[r] = 0.0f;
+        if (r < nr) {
+            const float* xr = jb.x + (r0 + r) * jb.x_stride;
+            for (int64_t e = tid; e < jb.cols; e += kMmaThreads) m[r] = fmaxf(m[r], fabsf(xr[e]));
+        }
+        m[r] = warp_max(m[r]);
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < kMmaGroupRows; ++r) red[warp][r] = m[r];
+    __syncthreads();
+    if (tid < kMmaGroupRows) {
+        float mx = 0.0f;
+        for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, red[w][tid]);
+        // max |x| 2^s in [2^14, 2^15); zeros (and inf/NaN rows) keep s = 0.
+        sexp[tid] = (mx > 0.0f && mx <= 3.402823466e38f) ? 14 - ilogbf(mx) : 0;
+    }
+    __syncthreads();
+    const int64_t blocks = jb.cols / 32;
+    const int64_t items = blocks * nr * 4;
+    for (int64_t i = tid; i < items; i += kMmaThreads) {
+        const int t = int(i & 3);
+        const int64_t br = i >> 2;
+        const int r = int(br % nr);
+        const int64_t b = br / nr;
+        const int s = sexp[r];
+        const int s1 = s / 2, s2 = s - s1;  // |s1|, |s2| <= 82: two exact steps
+        const float f1 = pow2f(s1), f2 = pow2f(s2);
+        const float* xb = jb.x + (r0 + r) * jb.x_stride + b * 32 + 4 * t;
+        __half hi[8], lo[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float v = __fmul_rn(__fmul_rn(xb[(k & 3) + 16 * (k >> 2)], f1), f2);
+            hi[k] = __float2half_rn(v);
+            lo[k] = __float2half_rn(__fsub_rn(v, __half2float(hi[k])));
+        }
+        // k: 0..3 = x[4t..4t+3], 4..7 = x[16+4t..16+4t+3].
+        const uint4 h{pack_half2(hi[0], hi[2]), pack_half2(hi[4], hi[6]), pack_half2(hi[1], hi[3]),
+                      pack_half2(hi[5], hi[7])};
+        const uint4 l{pack_half2(lo[0], lo[2]), pack_half2(lo[4], lo[6]), pack_half2(lo[1], lo[3]),
+                      pack_half2(lo[5], lo[7])};
+        uint4* dst = xs + ((b * nr + r) * 2) * 4 + t;
+        dst[0] = h;
+        dst[4] = l;
+    }
+    __syncthreads();
+}
+
+// Copies stage `s` (blocks 8s..8s+7) of the warp's 16 rows into `buf`: lane l copies the
+// pieces l + 32j (row (l + 32j) / 10, piece (l + 32j) % 10). `last`: copy only the pieces that
+// hold the row's bytes (the row's end may be the allocation's).
+__device__ __forceinline__ void issue_stage(const uint8_t* const (&src)[5], const int (&dst)[5], uint32_t buf,
+                                            int s, int bytes, bool last) {
+#pragma unroll
+    for (int j = 0; j < 5; ++j) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(src[j] + int64_t(s) * (kStageBlocks * 17));
+        const int piece = dst[j] % kRowPitch;
+        const int delta = int(a & 15);
+        const uint8_t* p = reinterpret_cast<const uint8_t*>(a & ~uintptr_t(15)) + piece;
+        if (!last || piece < delta + bytes) cp_async16(buf + uint32_t(dst[j]), p);
+    }
+}
+
+
+// The first kMmaStages - 1 stages of a warp's tile, issued before the block stages x (the
+// weights do not depend on it); compute_tile issues the rest.
+__device__ __forceinline__ void prefetch_tile(const uint8_t* const (&src)[5], const int (&dst)[5], int64_t blocks,
+                                              uint8_t* ring) {
+    const uint32_t ring_addr = smem_addr(ring);
+    const int stages = int((blocks + kStageBlocks - 1) / kStageBlocks);
+    const int last_bytes = int(blocks - int64_t(stages - 1) * kStageBlocks) * 17;
+#pragma unroll
+    for (int s = 0; s < kMmaStages - 1; ++s) {
+        if (s < stages) issue_stage(src, dst, ring_addr + uint32_t(s * kStageBytes), s, s == stages - 1 ? last_bytes : 136,
+                                    s == stages - 1);
+        cp_async_commit();
+    }
+}
+
+// One warp's tile over the whole row (after prefetch_tile): rows A (fragment row g) and B (g + 8) of lane (g, t) at
+// rowA, rowB; the stage sources of its copies in src/dst. Returns the accumulators c0..c3
+// (row A x columns 2t, 2t+1; row B x columns 2t, 2t+1) of the hi columns with the lo columns
+// added (lanes t < 2: x rows 2t, 2t+1; lanes t >= 2 return garbage).
+__device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t* rowB, const uint8_t* const (&src)[5],
+                                             const int (&dst)[5], int64_t blocks, const uint4* xs, int nr,
+                                             uint8_t* ring, int lane, float (&out)[4]) {
+    const int g = lane >> 2, t = lane & 3;
+    const uint32_t ring_addr = smem_addr(ring);
+    const int stages = int((blocks + kStageBlocks - 1) / kStageBlocks);
+    const int last_bytes = int(blocks - int64_t(stages - 1) * kStageBlocks) * 17;
+    // This lane's B column: x row r (a copy of the group's last row past its end), part p.
+    const int col = g, xr = (col & 3) < nr ? (col & 3) : nr - 1, part = col >> 2;
+    const uint4* xl = xs + (xr * 2 + part) * 4 + t;
+    const int64_t xstride = int64_t(nr) * 8;  // uint4 per block
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int slot = 0;  // the ring slot of stage s
+    for (int s = 0; s < stages; ++s) {
+        {
+            const int sn = s + kMmaStages - 1;
+            const int slot_n = slot == 0 ? kMmaStages - 1 : slot - 1;  // (s + kMmaStages - 1) % kMmaStages
+            if (sn < stages)
+                issue_stage(src, dst, ring_addr + uint32_t(slot_n * kStageBytes), sn, sn == stages - 1 ? last_bytes : 136,
+                            sn == stages - 1);
+            cp_async_commit();
+        }
+        cp_async_wait<kMmaStages - 1>();
+        __syncwarp();
+        const uint8_t* buf = ring + slot * kStageBytes;
+        slot = slot == kMmaStages - 1 ? 0 : slot + 1;
+        const int dA = int((reinterpret_cast<uintptr_t>(rowA) + uintptr_t(s) * (kStageBlocks * 17)) & 15);
+        const int dB = int((reinterpret_cast<uintptr_t>(rowB) + uintptr_t(s) * (kStageBlocks * 17)) & 15);
+        const uint8_t* bA = buf + g * kRowPitch + dA;
+        const uint8_t* bB = buf + (g + 8) * kRowPitch + dB;
+        const uint8_t* qA = bA + 4 * t;
+        const uint8_t* qB = bB + 4 * t;
+        const uint4* xb = xl + int64_t(s) * kStageBlocks * xstride;
+        const int spans = s == stages - 1 ? last_bytes / (17 * 4) : kStageBlocks / 4;
+#pragma unroll
+        for (int sp = 0; sp < kStageBlocks / 4; ++sp) {
+            if (sp >= spans) break;
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int j = sp * 4 + jj;
+                // qs word t of block j: bytes 17j + 1 + 4t .. of the stage's data (4-aligned start).
+                const int mis = (j + 1) & 3;
+                const int off = 17 * j + 1 - mis;
+                uint32_t wA, wB;
+                if (mis == 0) {
+                    wA = *reinterpret_cast<const uint32_t*>(qA + off);
+                    wB = *reinterpret_cast<const uint32_t*>(qB + off);
+                } else {
+                    wA = __funnelshift_r(*reinterpret_cast<const uint32_t*>(qA + off),
+                                         *reinterpret_cast<const uint32_t*>(qA + off + 4), 8 * mis);
+                    wB = __funnelshift_r(*reinterpret_cast<const uint32_t*>(qB + off),
+                                         *reinterpret_cast<const uint32_t*>(qB + off + 4), 8 * mis);
+                }
+                const float sA = __uint_as_float(uint32_t(bA[17 * j]) << 23);
+                const float sB = __uint_as_float(uint32_t(bB[17 * j]) << 23);
+                const uint4 xv = xb[j * xstride];
+                uint32_t dAw[4], dBw[4];
+                decode_word(wA, dAw);
+                decode_word(wB, dBw);
+                const uint32_t a0[4] = {dAw[0], dBw[0], dAw[1], dBw[1]};
+                const uint32_t a1[4] = {dAw[2], dBw[2], dAw[3], dBw[3]};
+                float d[4];
+                mma_16816(d, a0, xv.x, xv.y, zero);
+                mma_16816(d, a1, xv.z, xv.w, d);
+                acc[0] = __fmaf_rn(sA, d[0], acc[0]);
+                acc[1] = __fmaf_rn(sA, d[1], acc[1]);
+                acc[2] = __fmaf_rn(sB, d[2], acc[2]);
+                acc[3] = __fmaf_rn(sB, d[3], acc[3]);
+            }
+        }
+        __syncwarp();
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lo = __shfl_xor_sync(kFullMask, acc[i], 2);
+        out[i] = __fadd_rn(acc[i], lo);
+    }
+}
+
+}  // namespace moestream::cuda::kernels::mma
