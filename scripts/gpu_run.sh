@@ -16,7 +16,7 @@ what=${*:-tests cli kernels decode}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [[ $what == *tests* ]]; then
-  (cd /tmp && timeout 300 "$G/bin/test_cuda" --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
+  (cd /tmp && timeout 120 "$G/bin/test_cuda" --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
   summary+=("test_cuda exit $?: $(grep -E 'Test module|failure|error' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')")
 fi
 if [[ $what == *cli* ]]; then

@@ -68,6 +68,7 @@ struct decode_figures {
     double launches_per_token = 0;
     double expert_bytes_per_token = 0;
     cuda::backend_stats decode_stats;  // the decode steps' counters
+    std::vector<cuda::op_time> profile;  // the decode steps' ops, when profiled
 };
 
 // Expert bytes a one-row step touches when it routes through the slot table (it announces
@@ -94,7 +95,8 @@ std::vector<int32_t> prompt_of(int64_t n, int64_t vocab) {
     return p;
 }
 
-result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source, int64_t prompt_len, int64_t n) {
+result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source, int64_t prompt_len, int64_t n,
+                                 bool profile = false) {
     counting_source count(source, *s.files);
     dsv41::model mdl(s.hp(), s.weights(), nullptr, count, *s.compute, s.model->options());
     const auto prompt = prompt_of(prompt_len, s.hp().vocab);
@@ -112,6 +114,7 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     if (auto st = mdl.forward({&item, 1}, logits); !st) return st.err();
     f.prefill_tps = double(prompt_len) / since(t0);
     count.take_bytes();
+    if (profile) cuda::set_profile(*s.compute, true);
     const auto stats0 = cuda::stats(*s.compute);
     const int64_t routed_bytes = slot_table_bytes_per_token(source, s.hp());
     int64_t expert_bytes = 0;
@@ -125,10 +128,17 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
         expert_bytes += announced > 0 ? announced : routed_bytes;
     }
     const auto stats1 = cuda::stats(*s.compute);
+    if (profile) {
+        f.profile = cuda::take_profile(*s.compute);
+        cuda::set_profile(*s.compute, false);
+    }
     f.decode_stats.launches = stats1.launches - stats0.launches;
     f.decode_stats.graph_launches = stats1.graph_launches - stats0.graph_launches;
     f.decode_stats.graph_instantiations = stats1.graph_instantiations - stats0.graph_instantiations;
     f.decode_stats.graph_updates = stats1.graph_updates - stats0.graph_updates;
+    f.decode_stats.graph_nodes_set = stats1.graph_nodes_set - stats0.graph_nodes_set;
+    f.decode_stats.step_host_ns = stats1.step_host_ns - stats0.step_host_ns;
+    f.decode_stats.step_wait_ns = stats1.step_wait_ns - stats0.step_wait_ns;
     f.launches_per_token = double(f.decode_stats.launches) / double(n);
     f.expert_bytes_per_token = double(expert_bytes) / double(n);
     return f;
@@ -186,9 +196,13 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                     *std::min_element(g->token_s.begin(), g->token_s.end()) * 1e3,
                     *std::max_element(g->token_s.begin(), g->token_s.end()) * 1e3, 1.0 / t, g->launches_per_token);
         if (replayed)
-            std::printf("; %.2f graph launches per token (%llu instantiated, %llu updated in place)",
+            std::printf("; %.2f graph launches per token (%llu built, %llu reused with %.1f nodes set anew a step)",
                         double(st.graph_launches) / double(n), static_cast<unsigned long long>(st.graph_instantiations),
-                        static_cast<unsigned long long>(st.graph_updates));
+                        static_cast<unsigned long long>(st.graph_updates),
+                        st.graph_updates ? double(st.graph_nodes_set) / double(st.graph_updates) : 0.0);
+        if (replayed)
+            std::printf("\n  a step: %.3f ms of host code and recording, then %.3f ms waiting for its graph",
+                        double(st.step_host_ns) / 1e6 / double(n), double(st.step_wait_ns) / 1e6 / double(n));
         std::printf("\n");
         std::printf("  floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + %s floor %.3f ms "
                     "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
@@ -197,7 +211,24 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                     t / (bytes_floor + launch_floor));
         if (graphs) t_gpu = t;
     }
-    cuda::set_graphs(gpu, true);
+    // Where a step's device time goes: stream launches with an event after every op (16 steps).
+    {
+        cuda::set_graphs(gpu, false);
+        auto p = decode_on(s, *s.slots, prompt_len, std::min<int64_t>(n, 16), true);
+        cuda::set_graphs(gpu, true);
+        if (!p) return fail(name, p.message());
+        double total = 0;
+        for (const auto& o : p->profile) total += o.seconds;
+        const double steps = double(p->token_s.size());
+        std::printf("device time of a decode step by op (stream launches, an event after each op, so an op's time "
+                    "holds the gap before it; median step %.3f ms; %.3f ms of ops):\n",
+                    median(p->token_s) * 1e3, total / steps * 1e3);
+        for (size_t i = 0; i < p->profile.size() && i < 16; ++i) {
+            const auto& o = p->profile[i];
+            std::printf("  %-24s %6.1f a step %9.1f us %5.1f%%\n", o.op.c_str(), double(o.count) / steps,
+                        o.seconds / steps * 1e6, 100.0 * o.seconds / total);
+        }
+    }
     // The CPU backend on the same prompt, for the ratio.
     c.runtime.backend = "cpu";
     auto cpu_session = open_model_session(c, false, false);

@@ -126,16 +126,16 @@ cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows,
     }
     const int64_t blocks = n_rows * n_heads;
     if (blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
-    k_attention<<<unsigned(blocks), kThreads, shared, s>>>(rows, n_heads, head_dim, scale, sinks, bf16_probs);
-    return cudaGetLastError();
+    return launch_kernel(s, k_attention, dim3(unsigned(blocks)), dim3(kThreads), shared, rows, n_heads, head_dim,
+                         scale, sinks, bf16_probs);
 }
 
 cudaError_t indexer_scores(cudaStream_t s, const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
                            const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores) {
     if (n * n_keys == 0) return cudaSuccess;
     const unsigned blocks = grid_for(n * n_keys, kWarps);
-    k_indexer_scores<<<blocks, kThreads, 0, s>>>(q, w, n, n_heads, head_dim, keys, n_keys, n_visible, scores);
-    return cudaGetLastError();
+    return launch_kernel(s, k_indexer_scores, dim3(blocks), dim3(kThreads), 0, q, w, n, n_heads, head_dim, keys,
+                         n_keys, n_visible, scores);
 }
 
 }  // namespace moestream::cuda::kernels

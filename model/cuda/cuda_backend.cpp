@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,8 @@
 #include "config/assert.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/moe_kernels.h"
+#include "model/cuda/step_graph.h"
+#include "model/cuda/step_recorder.h"
 
 namespace moestream::cuda {
 namespace {
@@ -55,9 +59,8 @@ class cuda_backend final : public backend {
     ~cuda_backend() override {
         if (capturing_) step_end();
         cudaStreamSynchronize(stream_);
-        for (auto& g : graphs_cache_)
-            if (g.exec) cudaGraphExecDestroy(g.exec);
         for (void* p : pending_free_) cudaFree(p);
+        for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
         for (auto& s : scratch_)
             if (s.p) cudaFree(s.p);
         cudaFree(dev_stage_);
@@ -70,7 +73,14 @@ class cuda_backend final : public backend {
     cudaStream_t stream() const { return stream_; }
     std::string device_description() const override { return info_.describe(); }
     int threads() const override { return info_.multiprocessors; }
-    const backend_stats& stats() const { return stats_; }
+    backend_stats stats() const {
+        backend_stats s = stats_;
+        s.graph_launches = graph_.stats().launches;
+        s.graph_instantiations = graph_.stats().instantiations;
+        s.graph_updates = graph_.stats().updates;
+        s.graph_nodes_set = graph_.stats().nodes_set;
+        return s;
+    }
 
     // ---- memory ----
     void* allocate(size_t bytes) override {
@@ -80,8 +90,11 @@ class cuda_backend final : public backend {
             (void)cudaGetLastError();  // clear the out-of-memory error: the caller sees nullptr
             return nullptr;
         }
-        note_op(5);
-        check(cudaMemsetAsync(p, 0, size, stream_), "cudaMemsetAsync (allocate)");
+        if (capturing_) {
+            recorded_op([&] { rec_.fill(p, 0, size); });
+        } else {
+            check(cudaMemsetAsync(p, 0, size, stream_), "cudaMemsetAsync (allocate)");
+        }
         stats_.bytes_allocated += size;
         return p;
     }
@@ -92,17 +105,22 @@ class cuda_backend final : public backend {
             pending_free_.push_back(p);
             return;
         }
-        // cudaFree waits for the device, so no queued op can still read the memory.
+        // cudaFree waits for the device, so no queued op can still read the memory; no graph
+        // may name it afterwards.
+        graph_.clear();
         check(cudaFree(p), "cudaFree");
     }
     void upload(void* dst, const void* src, size_t bytes) override {
         if (bytes == 0) return;
         ++stats_.uploads;
-        note_op(1);
         if (bytes <= stage_bytes_ / 4) {
             const size_t at = take_stage(bytes);
             std::memcpy(host_stage_ + at, src, bytes);
-            check(cudaMemcpyAsync(dst, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+            if (capturing_)
+                recorded_op([&] { rec_.copy(dst, host_stage_ + at, bytes, cudaMemcpyHostToDevice); });
+            else
+                check(cudaMemcpyAsync(dst, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "upload");
+            mark("upload");
         } else {
             // Large (weights at load, a long prompt's rows): from pageable memory, which the
             // driver copies before returning (never inside a captured step).
@@ -124,12 +142,20 @@ class cuda_backend final : public backend {
         }
     }
     void copy(void* dst, const void* src, size_t bytes) override {
-        note_op(2);
-        if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+        if (bytes == 0) return;
+        if (capturing_)
+            recorded_op([&] { rec_.copy(dst, const_cast<void*>(src), bytes, cudaMemcpyDeviceToDevice); });
+        else
+            check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+        mark("copy");
     }
     void fill(void* dst, uint8_t byte, size_t bytes) override {
-        note_op(3);
-        if (bytes) check(cudaMemsetAsync(dst, byte, bytes, stream_), "fill");
+        if (bytes == 0) return;
+        if (capturing_)
+            recorded_op([&] { rec_.fill(dst, byte, bytes); });
+        else
+            check(cudaMemsetAsync(dst, byte, bytes, stream_), "fill");
+        mark("fill");
     }
     void synchronize() override {
         MS_ASSERT_MSG(!capturing_, "synchronize() inside a captured step (a staging ring too small for one step?)");
@@ -137,60 +163,57 @@ class cuda_backend final : public backend {
         check(cudaMemcpyAsync(&bad_keys_seen_, bad_keys_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
               "synchronize");
         check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        if (waiting_for_step_) {
+            waiting_for_step_ = false;
+            stats_.step_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - step_launched_)
+                                                .count());
+        }
         MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
         stage_at_ = 0;  // every staged copy has finished
+        gather_profile();
+        if (!pending_free_.empty()) graph_.clear();
         for (void* p : pending_free_) check(cudaFree(p), "cudaFree");
         pending_free_.clear();
     }
 
     // ---- steps: one CUDA graph each ----
-    // The step's ops are captured from the stream; a step of the same sequence of ops as an
-    // earlier one (its signature) updates that one's executable graph in place (kernel
-    // arguments, grids and copy sizes may differ) instead of instantiating anew, then the graph
-    // runs. Staged descriptors are copied from the pinned ring when the graph runs: the host
-    // writes nothing there before the next wait, which resets the ring.
+    // A step's ops are recorded (step_recorder.h: no driver call per op) and run as a graph at
+    // step_end (step_graph.h: an earlier graph of the same ops, its changed nodes set anew).
+    // Staged descriptors go to the device in one copy at the graph's head; the host writes
+    // nothing into the staging ring before the next wait, which resets it.
     void step_begin() override {
         if (!graphs_ || capturing_) return;
-        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+        rec_.clear();
+        ops_seen_ = 0;
+        stage_begin_ = stage_at_;
+        step_recorder::active() = &rec_;
         capturing_ = true;
-        signature_ = 1469598103934665603ull;
-        step_ops_ = 0;
+        step_began_ = std::chrono::steady_clock::now();
     }
     void step_end() override {
         if (!capturing_) return;
+        step_recorder::active() = nullptr;
         capturing_ = false;
-        cudaGraph_t graph = nullptr;
-        check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
-        graph_entry* entry = nullptr;
-        for (auto& g : graphs_cache_)
-            if (g.exec && g.signature == signature_ && g.ops == step_ops_) entry = &g;
-        if (entry) {
-            cudaGraphExecUpdateResultInfo info{};
-            if (cudaGraphExecUpdate(entry->exec, graph, &info) == cudaSuccess) {
-                ++stats_.graph_updates;
-            } else {
-                (void)cudaGetLastError();
-                check(cudaGraphExecDestroy(entry->exec), "cudaGraphExecDestroy");
-                entry->exec = nullptr;
-            }
-        } else {
-            // The least recently used entry makes room.
-            entry = &graphs_cache_[0];
-            for (auto& g : graphs_cache_)
-                if (!g.exec || g.used < entry->used) entry = &g;
-            if (entry->exec) check(cudaGraphExecDestroy(entry->exec), "cudaGraphExecDestroy");
-            entry->exec = nullptr;
-        }
-        if (!entry->exec) {
-            check(cudaGraphInstantiate(&entry->exec, graph, 0), "cudaGraphInstantiate");
-            ++stats_.graph_instantiations;
-        }
-        entry->signature = signature_;
-        entry->ops = step_ops_;
-        entry->used = ++graph_clock_;
-        check(cudaGraphDestroy(graph), "cudaGraphDestroy");
-        check(cudaGraphLaunch(entry->exec, stream_), "cudaGraphLaunch");
-        ++stats_.graph_launches;
+        check(graph_.launch(rec_, host_stage_ + stage_begin_, dev_stage_ + stage_begin_, stage_at_ - stage_begin_,
+                            stream_),
+              "the step's CUDA graph");
+        step_launched_ = std::chrono::steady_clock::now();
+        stats_.step_host_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(step_launched_ - step_began_).count());
+        waiting_for_step_ = true;
+    }
+    void set_profile(bool on) {
+        MS_ASSERT(!capturing_);
+        synchronize();
+        profiling_ = on;
+    }
+    std::vector<op_time> take_profile() {
+        synchronize();
+        std::vector<op_time> out;
+        for (auto& [name, t] : profile_) out.push_back({name, t.count, t.seconds});
+        profile_.clear();
+        std::sort(out.begin(), out.end(), [](const op_time& a, const op_time& b) { return a.seconds > b.seconds; });
+        return out;
     }
     void set_graphs(bool on) {
         MS_ASSERT(!capturing_);
@@ -491,14 +514,45 @@ class cuda_backend final : public backend {
 
     void launch(cudaError_t e, const char* what) {
         ++stats_.launches;
-        note_op(reinterpret_cast<uintptr_t>(what));
         check(e, what);
+        mark(what);
+        if (capturing_) {
+            // Every launcher goes through kernels::launch_kernel, which records while a step is.
+            MS_ASSERT_MSG(rec_.ops().size() > ops_seen_, "a kernel launched around the step recorder");
+            ops_seen_ = rec_.ops().size();
+        }
     }
-    // The step's signature: the sequence of its ops (a kernel by its launcher's name).
-    void note_op(uint64_t id) {
-        if (!capturing_) return;
-        signature_ = (signature_ ^ id) * 1099511628211ull;
-        ++step_ops_;
+    // Profiling: an event after the op just issued (the first after a wait is preceded by a
+    // start event); gather_profile() adds the times up at the wait.
+    void mark(const char* what) {
+        if (!profiling_ || capturing_) return;
+        const auto record = [&](const char* name) {
+            if (events_used_ == events_.size()) {
+                cudaEvent_t ev = nullptr;
+                check(cudaEventCreate(&ev), "cudaEventCreate");
+                events_.push_back(ev);
+                event_names_.push_back(nullptr);
+            }
+            check(cudaEventRecord(events_[events_used_], stream_), "cudaEventRecord");
+            event_names_[events_used_++] = name;
+        };
+        if (events_used_ == 0) record(nullptr);
+        record(what);
+    }
+    void gather_profile() {
+        for (size_t i = 1; i < events_used_; ++i) {
+            float ms = 0;
+            check(cudaEventElapsedTime(&ms, events_[i - 1], events_[i]), "cudaEventElapsedTime");
+            auto& t = profile_[event_names_[i]];
+            ++t.count;
+            t.seconds += double(ms) / 1e3;
+        }
+        events_used_ = 0;
+    }
+    template <class F>
+    void recorded_op(F&& record) {
+        record();
+        ops_seen_ = rec_.ops().size();
     }
 
     // Room for `bytes` in the staging ring (its host half and its device twin share offsets).
@@ -517,8 +571,9 @@ class cuda_backend final : public backend {
         if (bytes == 0) return nullptr;
         const size_t at = take_stage(bytes);
         std::memcpy(host_stage_ + at, v.data(), bytes);
-        note_op(4);
-        check(cudaMemcpyAsync(dev_stage_ + at, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "stage");
+        // A recorded step copies all it staged at once, at the head of its graph.
+        if (!capturing_)
+            check(cudaMemcpyAsync(dev_stage_ + at, host_stage_ + at, bytes, cudaMemcpyHostToDevice, stream_), "stage");
         return reinterpret_cast<const T*>(dev_stage_ + at);
     }
     template <class T>
@@ -542,17 +597,22 @@ class cuda_backend final : public backend {
     }
 
     bool graphs_;
-    bool capturing_ = false;
-    uint64_t signature_ = 0;
-    int64_t step_ops_ = 0;
-    struct graph_entry {
-        cudaGraphExec_t exec = nullptr;
-        uint64_t signature = 0;
-        int64_t ops = 0;
-        uint64_t used = 0;
+    bool capturing_ = false;  // recording a step
+    bool profiling_ = false;
+    std::vector<cudaEvent_t> events_;
+    std::vector<const char*> event_names_;
+    size_t events_used_ = 0;
+    struct profile_entry {
+        uint64_t count = 0;
+        double seconds = 0;
     };
-    graph_entry graphs_cache_[8];  // a decode step's few shapes (compressor steps, draft...)
-    uint64_t graph_clock_ = 0;
+    std::map<std::string, profile_entry> profile_;
+    step_recorder rec_;
+    step_graph graph_;
+    size_t ops_seen_ = 0;     // ops recorded by the backend's own calls so far
+    size_t stage_begin_ = 0;  // the step's first staged byte
+    std::chrono::steady_clock::time_point step_began_, step_launched_;
+    bool waiting_for_step_ = false;
     std::vector<void*> pending_free_;
     device_info info_;
     cudaStream_t stream_;
@@ -687,6 +747,18 @@ result<double> graph_node_seconds(backend& be, int nodes, int rounds) {
     cudaGraphDestroy(graph);
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+}
+
+bool set_profile(backend& be, bool on) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    if (!c) return false;
+    c->set_profile(on);
+    return true;
+}
+
+std::vector<op_time> take_profile(backend& be) {
+    auto* c = dynamic_cast<cuda_backend*>(&be);
+    return c ? c->take_profile() : std::vector<op_time>{};
 }
 
 result<void*> stream_of(backend& be) {

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "config/result.h"
 #include "model/backend.h"
@@ -48,7 +49,11 @@ result<std::unique_ptr<backend>> make_backend(const backend_options& opts);
 struct backend_stats {
     uint64_t launches = 0;       // kernels launched or captured (memcpy/memset calls not counted)
     uint64_t graph_launches = 0;  // steps replayed as a graph
-    uint64_t graph_instantiations = 0, graph_updates = 0;
+    uint64_t graph_instantiations = 0, graph_updates = 0;  // steps that built a graph / reused one
+    uint64_t graph_nodes_set = 0;                          // nodes of reused graphs set anew
+    // Host time from step_begin to step_end (the forward's host code and the recording), and
+    // from step_end to the end of the next wait (the graph running), in nanoseconds.
+    uint64_t step_host_ns = 0, step_wait_ns = 0;
     uint64_t uploads = 0, downloads = 0;
     uint64_t bytes_allocated = 0;
 };
@@ -58,6 +63,19 @@ backend_stats stats(const backend& be);
 // Turns the capture of steps as CUDA graphs on or off (bench: both in one run); false when `be`
 // is not a CUDA backend.
 bool set_graphs(backend& be, bool on);
+
+// Device time per op while profiling (stream launches only: an event after every op, read at
+// each wait): an op's time runs from the end of the op before it to its own end, so it holds
+// any gap the host left before it too.
+struct op_time {
+    std::string op;       // the launcher ("matmul", "attention"...), "upload", "copy", "fill"
+    uint64_t count = 0;
+    double seconds = 0;
+};
+// Turns profiling on or off (false when `be` is not a CUDA backend); take_profile returns what
+// was gathered since the last take, the largest first, and clears it.
+bool set_profile(backend& be, bool on);
+std::vector<op_time> take_profile(backend& be);
 
 // The device time per kernel of a CUDA graph of `nodes` one-element kernels (the floor of a
 // step replayed as a graph), measured over `rounds` replays (median).

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "model/cuda/step_recorder.h"
 #include "model/numeric.h"
 
 namespace moestream::cuda::kernels {
@@ -107,6 +108,21 @@ inline constexpr unsigned kMaxGrid = 65535u * 32u;  // grid-stride kernels cap t
 inline unsigned capped_grid(int64_t count, int threads) {
     const unsigned g = grid_for(count, threads);
     return g < kMaxGrid ? g : kMaxGrid;
+}
+
+// Launches kernel k on s, or, while the calling thread records a step (step_recorder.h), writes
+// the launch down with its parameters' values: every launcher goes through here, so a recorded
+// step holds every kernel in issue order.
+template <class... P, class... A>
+cudaError_t launch_kernel(cudaStream_t s, void (*k)(P...), dim3 grid, dim3 block, size_t shared, A... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "a kernel launched with the wrong number of arguments");
+    if (step_recorder* r = step_recorder::active()) {
+        r->kernel(reinterpret_cast<const void*>(k), grid, block, shared);
+        (r->arg(P(args)), ...);
+        return cudaSuccess;
+    }
+    k<<<grid, block, shared, s>>>(args...);
+    return cudaGetLastError();
 }
 
 }  // namespace moestream::cuda::kernels

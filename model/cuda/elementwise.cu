@@ -235,103 +235,97 @@ cudaError_t rms_norm(cudaStream_t s, const float* x, int64_t n, int64_t dim, con
                      bool round) {
     if (n == 0) return cudaSuccess;
     constexpr int rows_per_block = 4;
-    k_rms_norm<<<grid_for(n, rows_per_block), rows_per_block * kWarp, 0, s>>>(x, n, dim, w, eps, y, round);
-    return cudaGetLastError();
+    return launch_kernel(s, k_rms_norm, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, x, n, dim,
+                         w, eps, y, round);
 }
 
 cudaError_t round_bf16(cudaStream_t s, float* x, int64_t count) {
     if (count == 0) return cudaSuccess;
-    k_round_bf16<<<capped_grid(count, kThreads), kThreads, 0, s>>>(x, count);
-    return cudaGetLastError();
+    return launch_kernel(s, k_round_bf16, dim3(capped_grid(count, kThreads)), dim3(kThreads), 0, x, count);
 }
 
 cudaError_t scale_round(cudaStream_t s, float* x, int64_t count, float scale) {
     if (count == 0) return cudaSuccess;
-    k_scale_round<<<capped_grid(count, kThreads), kThreads, 0, s>>>(x, count, scale);
-    return cudaGetLastError();
+    return launch_kernel(s, k_scale_round, dim3(capped_grid(count, kThreads)), dim3(kThreads), 0, x, count, scale);
 }
 
 cudaError_t add(cudaStream_t s, float* y, const float* x, int64_t count) {
     if (count == 0) return cudaSuccess;
-    k_add<<<capped_grid(count, kThreads), kThreads, 0, s>>>(y, x, count);
-    return cudaGetLastError();
+    return launch_kernel(s, k_add, dim3(capped_grid(count, kThreads)), dim3(kThreads), 0, y, x, count);
 }
 
 cudaError_t rope(cudaStream_t s, float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim,
                  int64_t rope_dim, const int64_t* pos, const float* freqs, bool inverse) {
     const int64_t count = n * n_heads * (rope_dim / 2);
     if (count == 0) return cudaSuccess;
-    k_rope<<<capped_grid(count, kThreads), kThreads, 0, s>>>(x, n, row_stride, n_heads, head_dim, rope_dim, pos, freqs,
-                                                             inverse);
-    return cudaGetLastError();
+    return launch_kernel(s, k_rope, dim3(capped_grid(count, kThreads)), dim3(kThreads), 0, x, n, row_stride, n_heads,
+                         head_dim, rope_dim, pos, freqs, inverse);
 }
 
 cudaError_t embed(cudaStream_t s, ggml_type type, const uint8_t* table, int64_t row_bytes, int64_t dim,
                   const int32_t* tokens, int64_t n, int copies, float* out) {
     if (n * dim == 0) return cudaSuccess;
-    k_embed<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(type, table, row_bytes, dim, tokens, n, copies, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_embed, dim3(capped_grid(n * dim, kThreads)), dim3(kThreads), 0, type, table, row_bytes,
+                         dim, tokens, n, copies, out);
 }
 
 cudaError_t stream_mean(cudaStream_t s, const float* H, int64_t n, int hc, int64_t dim, float* out,
                         int64_t out_stride) {
     if (n * dim == 0) return cudaSuccess;
-    k_stream_mean<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(H, n, hc, dim, out, out_stride);
-    return cudaGetLastError();
+    return launch_kernel(s, k_stream_mean, dim3(capped_grid(n * dim, kThreads)), dim3(kThreads), 0, H, n, hc, dim,
+                         out, out_stride);
 }
 
 cudaError_t copy_rows(cudaStream_t s, const row_copy* jobs, int64_t n_jobs, int64_t count) {
     if (n_jobs * count == 0) return cudaSuccess;
-    k_copy_rows<<<capped_grid(n_jobs * count, kThreads), kThreads, 0, s>>>(jobs, n_jobs, count);
-    return cudaGetLastError();
+    return launch_kernel(s, k_copy_rows, dim3(capped_grid(n_jobs * count, kThreads)), dim3(kThreads), 0, jobs, n_jobs,
+                         count);
 }
 
 cudaError_t gather_rows(cudaStream_t s, const float* src, int64_t src_stride, const int64_t* rows, int64_t m,
                         int64_t dim, float* dst) {
     if (m * dim == 0) return cudaSuccess;
-    k_gather_rows<<<capped_grid(m * dim, kThreads), kThreads, 0, s>>>(src, src_stride, rows, m, dim, dst);
-    return cudaGetLastError();
+    return launch_kernel(s, k_gather_rows, dim3(capped_grid(m * dim, kThreads)), dim3(kThreads), 0, src, src_stride,
+                         rows, m, dim, dst);
 }
 
 cudaError_t pool_pairs(cudaStream_t s, const pair_pool* jobs, int64_t n_jobs, int64_t dim) {
     if (n_jobs * dim == 0) return cudaSuccess;
-    k_pool_pairs<<<capped_grid(n_jobs * dim, kThreads), kThreads, 0, s>>>(jobs, n_jobs, dim);
-    return cudaGetLastError();
+    return launch_kernel(s, k_pool_pairs, dim3(capped_grid(n_jobs * dim, kThreads)), dim3(kThreads), 0, jobs, n_jobs,
+                         dim);
 }
 
 cudaError_t store_keys(cudaStream_t s, const key_store* jobs, const int64_t* first_key, int64_t n_jobs, int64_t total,
                        int64_t head_dim, unsigned int* bad) {
     if (total * head_dim == 0) return cudaSuccess;
-    k_store_keys<<<capped_grid(total * head_dim, kThreads), kThreads, 0, s>>>(jobs, first_key, n_jobs, total, head_dim,
-                                                                              bad);
-    return cudaGetLastError();
+    return launch_kernel(s, k_store_keys, dim3(capped_grid(total * head_dim, kThreads)), dim3(kThreads), 0, jobs,
+                         first_key, n_jobs, total, head_dim, bad);
 }
 
 cudaError_t dequant_fp8_rows(cudaStream_t s, const uint8_t* values, const uint8_t* scales, int64_t rows, int64_t n,
                              float* out) {
     if (rows * n == 0) return cudaSuccess;
-    k_dequant_fp8_rows<<<capped_grid(rows * n, kThreads), kThreads, 0, s>>>(values, scales, rows, n, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_dequant_fp8_rows, dim3(capped_grid(rows * n, kThreads)), dim3(kThreads), 0, values,
+                         scales, rows, n, out);
 }
 
 cudaError_t argmax_rows(cudaStream_t s, const float* x, int64_t n, int64_t cols, int32_t* out) {
     if (n == 0) return cudaSuccess;
-    k_argmax_rows<<<unsigned(n), kThreads, 0, s>>>(x, cols, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_argmax_rows, dim3(unsigned(n)), dim3(kThreads), 0, x, cols, out);
 }
 
 cudaError_t swiglu(cudaStream_t s, float* g, const float* u, int64_t n, int64_t inter, float limit, const float* w) {
     if (n * inter == 0) return cudaSuccess;
-    k_swiglu<<<capped_grid(n * inter, kThreads), kThreads, 0, s>>>(g, u, n, inter, limit, w);
-    return cudaGetLastError();
+    return launch_kernel(s, k_swiglu, dim3(capped_grid(n * inter, kThreads)), dim3(kThreads), 0, g, u, n, inter,
+                         limit, w);
 }
 
 cudaError_t simulate_quant(cudaStream_t s, act_quant_kind kind, float* x, int64_t count) {
     const int64_t block = kind == act_quant_kind::fp4_e4m3_16 ? 16 : 32;
     if (count == 0) return cudaSuccess;
     if (count % block != 0) return cudaErrorInvalidValue;
-    k_simulate_quant<<<capped_grid(count / block, kThreads), kThreads, 0, s>>>(kind, x, count / block);
-    return cudaGetLastError();
+    return launch_kernel(s, k_simulate_quant, dim3(capped_grid(count / block, kThreads)), dim3(kThreads), 0, kind, x,
+                         count / block);
 }
 
 }  // namespace moestream::cuda::kernels

@@ -157,39 +157,38 @@ cudaError_t hc_mixes(cudaStream_t s, const float* H, const float* mix, int64_t n
     if (n == 0) return cudaSuccess;
     if (hc > kMaxHc) return cudaErrorInvalidValue;
     constexpr int rows_per_block = 4;
-    k_hc_mixes<<<grid_for(n, rows_per_block), rows_per_block * kWarp, 0, s>>>(H, mix, n, hc, dim, base, scale, iters,
-                                                                              hc_eps, norm_eps, pre, post, comb);
-    return cudaGetLastError();
+    return launch_kernel(s, k_hc_mixes, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, H, mix, n,
+                         hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb);
 }
 
 cudaError_t hc_collapse(cudaStream_t s, const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
     if (n * dim == 0) return cudaSuccess;
-    k_hc_collapse<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(H, n, hc, dim, p, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_hc_collapse, dim3(capped_grid(n * dim, kThreads)), dim3(kThreads), 0, H, n, hc, dim, p,
+                         out);
 }
 
 cudaError_t hc_expand(cudaStream_t s, const float* f, const float* H, int64_t n, int hc, int64_t dim, const float* post,
                       const float* comb, float* out) {
     if (n * dim == 0) return cudaSuccess;
     if (hc > kMaxHc) return cudaErrorInvalidValue;
-    k_hc_expand<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(f, H, n, hc, dim, post, comb, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_hc_expand, dim3(capped_grid(n * dim, kThreads)), dim3(kThreads), 0, f, H, n, hc, dim,
+                         post, comb, out);
 }
 
 cudaError_t sum_rows(cudaStream_t s, const float* const* src, const int64_t* starts, int64_t n, int64_t dim, float* f,
                      hc_update upd) {
     if (n * dim == 0) return cudaSuccess;
     if (upd.H && upd.hc > kMaxHc) return cudaErrorInvalidValue;
-    k_sum_rows<<<capped_grid(n * dim, kThreads), kThreads, 0, s>>>(src, starts, n, dim, f, upd);
-    return cudaGetLastError();
+    return launch_kernel(s, k_sum_rows, dim3(capped_grid(n * dim, kThreads)), dim3(kThreads), 0, src, starts, n, dim,
+                         f, upd);
 }
 
 cudaError_t engram_gate(cudaStream_t s, float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
                         float norm_eps) {
     if (n * hc == 0) return cudaSuccess;
     constexpr int warps = 4;
-    k_engram_gate<<<grid_for(n * hc, warps), warps * kWarp, 0, s>>>(H, n, hc, dim, kv, qk, norm_eps);
-    return cudaGetLastError();
+    return launch_kernel(s, k_engram_gate, dim3(grid_for(n * hc, warps)), dim3(warps * kWarp), 0, H, n, hc, dim, kv,
+                         qk, norm_eps);
 }
 
 }  // namespace moestream::cuda::kernels

@@ -355,7 +355,12 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
     const uint8_t* rowA = row_of(g, oA);
     const uint8_t* rowB = row_of(g + 8, oB);
     float out[4];
-    mma::compute_tile(rowA, rowB, src, dst, blocks, xs, nr, ring, lane, out);
+    switch (nr) {
+        case 1: mma::compute_tile<1>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        case 2: mma::compute_tile<2>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        case 3: mma::compute_tile<3>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        default: mma::compute_tile<4>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+    }
     if (t >= 2) return;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -383,8 +388,7 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    k_matmul<T><<<blocks, kThreads, shared, s>>>(jobs, n_jobs);
-    return cudaGetLastError();
+    return launch_kernel(s, k_matmul<T>, dim3(blocks), dim3(kThreads), shared, jobs, n_jobs);
 }
 
 constexpr size_t kMxfp4SharedMax = mma::kXBudget + mma::kStagingBytes;
@@ -398,8 +402,7 @@ cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigne
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    k_matmul_mxfp4<<<blocks, mma::kMmaThreads, shared, s>>>(jobs, n_jobs);
-    return cudaGetLastError();
+    return launch_kernel(s, k_matmul_mxfp4, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs);
 }
 
 }  // namespace

@@ -18,8 +18,8 @@
 // Weights. A 32-block of 17 bytes (e8m0 exponent e, 16 bytes qs). Fragment lane (g, t) takes
 // qs word t (bytes 4t..4t+3: elements 4t..4t+3 in the low nibbles, 4t+16..4t+19 in the high
 // ones) of its two rows g and g + 8 and decodes it into four .f16x2 registers without
-// conversions: the nibbles i and i + 4 of the word land in the low and high halves with one
-// shift each, the 3 magnitude bits at fp16 bits 11:9 and the sign at bit 15, which is the
+// conversions (decode_word: 11 operations): the nibbles i and i + 4 of the word land in the low
+// and high halves, the 3 magnitude bits at fp16 bits 11:9 and the sign at bit 15, which is the
 // e2m1 value times 2^-14 exactly (0.5 becomes an fp16 subnormal):
 //   D0 = elements (4t, 4t+2), D1 = (4t+16, 4t+18), D2 = (4t+1, 4t+3), D3 = (4t+17, 4t+19).
 // The first mma takes A = {D0(g), D0(g+8), D1(g), D1(g+8)}, so its k slots 2t, 2t+1, 2t+8,
@@ -92,12 +92,31 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
           "f"(c[3]));
 }
 
-// The eight e2m1 values of qs word q as four .f16x2 registers, each value times 2^-14.
+// The eight e2m1 values of qs word q as four .f16x2 registers, each value times 2^-14, in 11
+// operations: first every byte's low nibble (L) and high nibble (H) in the form of an fp16 high
+// byte (sign at bit 7, magnitude at bits 3:1: 2^-14 times the value), each one mask, two shifts
+// and one lop3 (the shifted copies meet only at bits the final mask clears); then bytes 1 and 3
+// of L and H are the registers of the odd bytes' nibbles as they stand, and one byte permutation
+// moves bytes 0 and 2 up for the even ones.
+// (a | b) & c in one lop3 (written out: the compiler otherwise splits the masks apart again).
+__device__ __forceinline__ uint32_t or_and(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xA8;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+__device__ __forceinline__ uint32_t and_mask(uint32_t a, uint32_t m) {
+    uint32_t r;
+    asm("and.b32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(m));
+    return r;
+}
 __device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&d)[4]) {
-    d[0] = ((q << 9) & 0x0E000E00u) | ((q << 12) & 0x80008000u);
-    d[1] = ((q << 5) & 0x0E000E00u) | ((q << 8) & 0x80008000u);
-    d[2] = ((q << 1) & 0x0E000E00u) | ((q << 4) & 0x80008000u);
-    d[3] = ((q >> 3) & 0x0E000E00u) | (q & 0x80008000u);
+    const uint32_t lo = and_mask(q, 0x0F0F0F0Fu), hi = and_mask(q, 0xF0F0F0F0u);
+    const uint32_t L = or_and(lo << 1, lo << 4, 0x8E8E8E8Eu);
+    const uint32_t H = or_and(hi, hi >> 3, 0x8E8E8E8Eu);
+    d[0] = __byte_perm(L, 0u, 0x2404u);  // nibbles 0, 4: elements 4t, 4t+2
+    d[1] = __byte_perm(H, 0u, 0x2404u);  // nibbles 1, 5: elements 4t+16, 4t+18
+    d[2] = L & 0xFF00FF00u;              // nibbles 2, 6: elements 4t+1, 4t+3
+    d[3] = H & 0xFF00FF00u;              // nibbles 3, 7: elements 4t+17, 4t+19
 }
 
 __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
@@ -196,10 +215,13 @@ __device__ __forceinline__ void prefetch_tile(const uint8_t* const (&src)[5], co
 // One warp's tile over the whole row (after prefetch_tile): rows A (fragment row g) and B (g + 8) of lane (g, t) at
 // rowA, rowB; the stage sources of its copies in src/dst. Returns the accumulators c0..c3
 // (row A x columns 2t, 2t+1; row B x columns 2t, 2t+1) of the hi columns with the lo columns
-// added (lanes t < 2: x rows 2t, 2t+1; lanes t >= 2 return garbage).
+// added (lanes t < 2: x rows 2t, 2t+1; lanes t >= 2 return garbage). NR: the group's x rows
+// (a template argument, so that the x offsets are immediates).
+template <int NR>
 __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t* rowB, const uint8_t* const (&src)[5],
-                                             const int (&dst)[5], int64_t blocks, const uint4* xs, int nr,
-                                             uint8_t* ring, int lane, float (&out)[4]) {
+                                             const int (&dst)[5], int64_t blocks, const uint4* xs, uint8_t* ring,
+                                             int lane, float (&out)[4]) {
+    constexpr int nr = NR;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t ring_addr = smem_addr(ring);
     const int stages = int((blocks + kStageBlocks - 1) / kStageBlocks);
@@ -207,7 +229,7 @@ __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t*
     // This lane's B column: x row r (a copy of the group's last row past its end), part p.
     const int col = g, xr = (col & 3) < nr ? (col & 3) : nr - 1, part = col >> 2;
     const uint4* xl = xs + (xr * 2 + part) * 4 + t;
-    const int64_t xstride = int64_t(nr) * 8;  // uint4 per block
+    constexpr int xstride = nr * 8;  // uint4 per block
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0;  // the ring slot of stage s

@@ -48,17 +48,16 @@ cudaError_t order_picks(cudaStream_t s, const int32_t* picks, const float* weigh
                         int32_t* sorted_picks, float* sorted_weights) {
     if (n == 0) return cudaSuccess;
     if (k < 1 || k > kMaxK) return cudaErrorInvalidValue;
-    k_order_picks<<<grid_for(n, kThreads), kThreads, 0, s>>>(picks, weights, n, k, sorted_picks, sorted_weights);
-    return cudaGetLastError();
+    return launch_kernel(s, k_order_picks, dim3(grid_for(n, kThreads)), dim3(kThreads), 0, picks, weights, n, k,
+                         sorted_picks, sorted_weights);
 }
 
 cudaError_t expand_routed_jobs(cudaStream_t s, const mm_job* templates, int n_jobs, int jobs_per_assignment,
                                const int32_t* sorted_picks, const int32_t* slot_of, const uint8_t* base,
                                size_t slot_bytes, mm_job* out) {
     if (n_jobs == 0) return cudaSuccess;
-    k_expand_routed_jobs<<<grid_for(n_jobs, kThreads), kThreads, 0, s>>>(templates, n_jobs, jobs_per_assignment,
-                                                                         sorted_picks, slot_of, base, slot_bytes, out);
-    return cudaGetLastError();
+    return launch_kernel(s, k_expand_routed_jobs, dim3(grid_for(n_jobs, kThreads)), dim3(kThreads), 0, templates,
+                         n_jobs, jobs_per_assignment, sorted_picks, slot_of, base, slot_bytes, out);
 }
 
 }  // namespace moestream::cuda::kernels

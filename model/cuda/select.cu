@@ -184,8 +184,7 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
 cudaError_t indexer_select(cudaStream_t s, const indexer_pick& p, float* block_scores) {
     if (p.rows == 0) return cudaSuccess;
     if (p.n_total < 1 || p.topk < 1) return cudaErrorInvalidValue;
-    k_indexer_select<<<unsigned(p.rows), kThreads, 0, s>>>(p, block_scores);
-    return cudaGetLastError();
+    return launch_kernel(s, k_indexer_select, dim3(unsigned(p.rows)), dim3(kThreads), 0, p, block_scores);
 }
 
 cudaError_t route(cudaStream_t s, const float* scores, const float* bias, int64_t n, int n_experts, int k,
@@ -193,9 +192,8 @@ cudaError_t route(cudaStream_t s, const float* scores, const float* bias, int64_
     if (n == 0) return cudaSuccess;
     if (k < 1 || k > 16 || k > n_experts) return cudaErrorInvalidValue;
     constexpr int warps = 4;
-    k_route<<<grid_for(n, warps), warps * kWarp, 0, s>>>(scores, bias, n, n_experts, k, route_scale, select, picks,
-                                                         weights);
-    return cudaGetLastError();
+    return launch_kernel(s, k_route, dim3(grid_for(n, warps)), dim3(warps * kWarp), 0, scores, bias, n, n_experts, k,
+                         route_scale, select, picks, weights);
 }
 
 }  // namespace moestream::cuda::kernels
