@@ -276,6 +276,8 @@ void tiered_experts::on_read(uint64_t tag, const status& st) {
     const int layer = int(tag >> 34);
     const int32_t expert = int32_t((tag >> 2) & 0xffffffffu);
     const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
+    if (opts_.inject_delay_us)
+        if (const uint32_t us = opts_.inject_delay_us(layer, expert)) std::this_thread::sleep_for(std::chrono::microseconds(us));
     {
         std::lock_guard lock(mu_);
         auto it = loading_.find(key);
@@ -471,6 +473,7 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
             return out;
         }
         waited = true;
+        ++counters_.blocking_waits;
         changed_.wait(lock);
     }
 }
@@ -531,6 +534,9 @@ void tiered_experts::copy_loop() {
         }
         copy_parts(l, src, true, dst, false);
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (opts_.inject_delay_us)
+            if (const uint32_t us = opts_.inject_delay_us(int(storage::key_layer(key)), int32_t(storage::key_expert(key))))
+                std::this_thread::sleep_for(std::chrono::microseconds(us));
         lock.lock();
         if (victim_host_slot) {
             host_->finish_load(*victim, true);

@@ -51,6 +51,9 @@ struct tier_options {
     int remap_threads = 8;
     // Test hook: reads of experts for which this returns true complete with an error.
     std::function<bool(int layer, int32_t expert)> inject_read_error;
+    // Test hook: microseconds to hold back the completion of a read part, and of a promotion by
+    // the copy thread, of this expert (timing changes only: results must not move).
+    std::function<uint32_t(int layer, int32_t expert)> inject_delay_us;
 };
 
 struct tier_counters {
@@ -66,6 +69,9 @@ struct tier_counters {
     uint64_t hint_reads = 0;     // reads started from look-ahead hints
     uint64_t hint_used = 0;      // of those, demanded afterwards (the rest was a wasted read)
     double wait_seconds = 0;     // compute thread blocked in get()
+    // Times the compute thread blocked on a condition variable for an expert: the coroutine
+    // scheduler (issue 15) brings it to zero.
+    uint64_t blocking_waits = 0;
     double copy_seconds = 0;     // host <-> device copies made on the compute thread (it waited)
     double async_copy_seconds = 0;  // copies made by the copy thread, overlapping compute
     uint64_t async_promotions = 0;  // experts the copy thread moved up before compute asked
