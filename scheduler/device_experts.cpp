@@ -30,11 +30,12 @@ size_t device_experts::slot_bytes(const loaded_model& m) {
 }
 
 result<std::unique_ptr<device_experts>> device_experts::create(backend& be, const loaded_model& m, int64_t slots,
-                                                                bool preload) {
+                                                                bool preload, dsv41::expert_source* fill_from) {
     const int64_t total = m.total_experts();
     if (slots < 1) return make_error("the device expert cache must hold at least one expert");
     slots = std::min(slots, total);
     std::unique_ptr<device_experts> d(new device_experts(be, m));
+    d->fill_from_ = fill_from;
     d->slot_bytes_ = slot_bytes(m);
     d->memory_.bind(be);
     if (!d->memory_.try_resize(size_t(slots) * d->slot_bytes_))
@@ -49,12 +50,19 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
     d->slot_of_.assign(size_t(total), -1);
     d->slots_.resize(size_t(slots));
     if (preload) {
-        for (int L = 0; L < expert_layers(m) && d->stats_.misses < uint64_t(slots); ++L)
+        std::vector<int32_t> ids;
+        for (int L = 0; L < expert_layers(m) && d->stats_.misses < uint64_t(slots); ++L) {
+            // A layer's experts announced at once: the fill source reads them all in one queue.
+            ids.clear();
+            for (int32_t e = 0; e < experts_of(m, L) && d->stats_.misses + ids.size() < uint64_t(slots); ++e)
+                ids.push_back(e);
+            d->need(L, ids);
             for (int32_t e = 0; e < experts_of(m, L) && d->stats_.misses < uint64_t(slots); ++e) {
                 auto w = d->get(L, e);
                 if (!w) return w.err();
                 d->release(L, e);
             }
+        }
         d->stats_ = {};
         be.synchronize();
     }
@@ -86,8 +94,20 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
             --loaded_;
         }
         // The upload is ordered after every op issued before it, so a kernel still reading the
-        // victim's old weights finishes first.
-        const auto host = m_.expert(layer, expert);
+        // victim's old weights finishes first. From the fill source (its host slot, released
+        // once copied: the upload copies before it returns), else from the mapping.
+        dsv41::expert_weights host;
+        if (fill_from_) {
+            auto got = fill_from_->get(layer, expert);
+            if (!got) {
+                v.key = -1;  // emptied above: nothing lives in it now
+                v.used = 0;
+                return got.err();
+            }
+            host = *got;
+        } else {
+            host = m_.expert(layer, expert);
+        }
         std::byte* at = memory_.data() + size_t(victim) * slot_bytes_;
         const auto put = [&](const weight_view& w) {
             be_.upload(at, w.data, view_bytes(w));
@@ -99,6 +119,7 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
         v.views.gate = put(host.gate);
         v.views.up = put(host.up);
         v.views.down = put(host.down);
+        if (fill_from_) fill_from_->release(layer, expert);
         v.key = key;
         slot_of_[size_t(key)] = victim;
         s = victim;
@@ -109,6 +130,18 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
     ++sl.pins;
     sl.used = ++clock_;
     return sl.views;
+}
+
+void device_experts::need(int layer, std::span<const int32_t> experts) {
+    if (!fill_from_) return;
+    misses_.clear();
+    for (int32_t e : experts)
+        if (slot_of_[size_t(key_of(layer, e))] < 0) misses_.push_back(e);
+    if (!misses_.empty()) fill_from_->need(layer, misses_);
+}
+
+void device_experts::hint(int layer, std::span<const int32_t> experts) {
+    if (fill_from_) fill_from_->hint(layer, experts);
 }
 
 void device_experts::publish_tables() {

@@ -1,5 +1,6 @@
-// Routed experts in slots of a backend's memory (VRAM on the CUDA backend), filled from the
-// model's memory mapping when a layer needs them: the least recently used unpinned slot is
+// Routed experts in slots of a backend's memory (VRAM on the CUDA backend), filled when a layer
+// needs them from the model's memory mapping or, given a `fill_from` source (the host tier of
+// tiered_experts: O_DIRECT io_uring reads, nothing read through the mapping), from that: the least recently used unpinned slot is
 // reused, and the model pins an expert from get() to release(), holding at most as many as
 // there are slots. With as many slots as experts (--device-cache covering them all) every
 // expert stays resident after its first use, or from the start with `preload`. Where an expert
@@ -25,10 +26,13 @@ class device_experts final : public dsv41::expert_source {
     // Bytes one slot takes (the largest expert of the target and the draft, gate + up + down).
     static size_t slot_bytes(const loaded_model& m);
     // `slots` slots (at most m.total_experts()); an error names the bytes when the backend has no room.
+    // With `fill_from`, the misses of need() are announced to it (its reads start at once), a
+    // miss's bytes are uploaded from what it returns, and hints go to it; it must outlive this.
     static result<std::unique_ptr<device_experts>> create(backend& be, const loaded_model& m, int64_t slots,
-                                                          bool preload);
+                                                          bool preload, dsv41::expert_source* fill_from = nullptr);
 
-    void need(int, std::span<const int32_t>) override {}
+    void need(int layer, std::span<const int32_t> experts) override;
+    void hint(int layer, std::span<const int32_t> experts) override;
     result<dsv41::expert_weights> get(int layer, int32_t expert) override;
     void release(int layer, int32_t expert) override;
     int64_t max_held() const override { return int64_t(slots_.size()); }
@@ -56,6 +60,8 @@ class device_experts final : public dsv41::expert_source {
     };
     backend& be_;
     const loaded_model& m_;
+    dsv41::expert_source* fill_from_ = nullptr;
+    std::vector<int32_t> misses_;
     backend_array<std::byte> memory_;
     size_t slot_bytes_ = 0;
     std::vector<int64_t> layer_base_;  // first key of each layer

@@ -78,7 +78,21 @@ result<std::unique_ptr<backend>> make_compute(const moestream_config& cfg) {
 
 // Dense weights in VRAM and the experts in slots, after checking that the card holds them, the
 // slots and the sequence states (with room for the forward's buffers).
-status place_on_device(model_session& s, const moestream_config& cfg, int64_t sequences, bool with_draft) {
+// The streaming tiers' budgets and reader settings from the configuration.
+tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes) {
+    tier_options t;
+    t.device_bytes = device_bytes;
+    t.host_bytes = host_tier_bytes(cfg.cache, storage::available_memory_bytes());
+    t.io.depth = uint32_t(cfg.io.depth);
+    t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
+    t.remap_sync = cfg.io.mode == io_mode::remap_sync;
+    return t;
+}
+
+// With `stream`, the slots are filled from a host tier read through io_uring (tiered_experts
+// without a device tier of its own): the request path reads nothing through the mapping.
+status place_on_device(model_session& s, const moestream_config& cfg, int64_t sequences, bool with_draft,
+                       bool stream) {
     const loaded_model& m = *s.files;
     const size_t dense = dense_weight_bytes(m);
     const size_t slot = device_experts::slot_bytes(m);
@@ -104,7 +118,17 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     auto dev = upload_dense_weights(*s.compute, m);
     if (!dev) return dev.err();
     s.device = std::move(*dev);
-    auto ex = device_experts::create(*s.compute, m, slots, slots == total);
+    if (stream) {
+        tier_options t = tiers_of(cfg, 0);
+        // Everything fits on the card: the host tier only stages the preload, a layer at a time.
+        if (slots == total)
+            t.host_bytes = std::min<uint64_t>(t.host_bytes, uint64_t(std::max(m.hp.n_experts, m.hp.dspark_n_experts)) *
+                                                                (slot + 3 * io::kReadAlign));
+        auto tiers = tiered_experts::create(m, t);
+        if (!tiers) return tiers.err();
+        s.streamed = std::move(*tiers);
+    }
+    auto ex = device_experts::create(*s.compute, m, slots, slots == total, s.streamed.get());
     if (!ex) return ex.err();
     s.slots = std::move(*ex);
     return {};
@@ -130,7 +154,7 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
     s->experts = std::make_unique<resident_experts>(*s->files);
     dsv41::expert_source* source = s->experts.get();
     if (!s->compute->host_memory()) {
-        if (auto st = place_on_device(*s, cfg, sequences, with_draft); !st) return st.err();
+        if (auto st = place_on_device(*s, cfg, sequences, with_draft, stream); !st) return st.err();
         source = s->slots.get();
     } else if (stream) {
         // The request path reads nothing through the mapping: the dense weights are copied into
@@ -140,19 +164,13 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         auto dense = upload_dense_weights(*s->compute, *s->files);
         if (!dense) return dense.err();
         s->device = std::move(*dense);
-        tier_options t;
-        t.device_bytes = uint64_t(cfg.cache.device_cache_gib * kGiB);
-        t.host_bytes = host_tier_bytes(cfg.cache, storage::available_memory_bytes());
-        t.io.depth = uint32_t(cfg.io.depth);
-        t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
-        t.remap_sync = cfg.io.mode == io_mode::remap_sync;
-        auto tiers = tiered_experts::create(*s->files, t);
+        auto tiers = tiered_experts::create(*s->files, tiers_of(cfg, uint64_t(cfg.cache.device_cache_gib * kGiB)));
         if (!tiers) return tiers.err();
         s->streamed = std::move(*tiers);
         source = s->streamed.get();
     }
     dsv41::model_options mo;
-    mo.lookahead = s->streamed != nullptr;
+    mo.lookahead = s->streamed != nullptr;  // on CUDA the hints reach the host tier through the slots
     s->model = std::make_unique<dsv41::model>(s->files->hp, s->weights(), s->draft(), *source, *s->compute, mo);
     if (stream && !s->files->hp.engram_layers.empty()) {
         engram_stream_options eo;

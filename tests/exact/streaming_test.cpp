@@ -341,6 +341,36 @@ BOOST_AUTO_TEST_CASE(eight_sequences_through_one_slot_tiers_with_random_delays, 
     }
 }
 
+// Backend expert slots filled from a host tier (the CUDA path with streaming: io_uring reads,
+// nothing through the mapping) give the resident bits, from one slot over a one-expert host tier
+// to every expert preloaded through it; misses are announced to the tier, which reads them.
+BOOST_AUTO_TEST_CASE(backend_slots_filled_from_the_host_tier, *needs()) {
+    auto& m = fixture(kFx);
+    const auto reference = run(m, *m.experts, *m.backend);
+    const int64_t total = m.files->total_experts();
+    for (const auto& [slots, host] : {std::pair<int64_t, double>{1, 1}, {7, 2}, {total, 3}}) {
+        auto t = tiers(m, 0, host, 4, 1 << 20);
+        if (!t) {
+            if (t.message().rfind("io_uring unavailable", 0) == 0) {
+                BOOST_TEST_MESSAGE("skipped: " << t.message());
+                return;
+            }
+            BOOST_FAIL(t.message());
+        }
+        cpu_backend be(2);
+        auto d = device_experts::create(be, *m.files, slots, slots == total, t->get());
+        BOOST_TEST_REQUIRE(d.ok(), (d.ok() ? std::string() : d.message()));
+        const auto got = run(m, **d, be);
+        const auto k = (*t)->counters();
+        BOOST_TEST_MESSAGE("slots " << slots << " host " << host << ": uploads " << (*d)->stats().misses
+                                    << ", tier demands " << k.demands << ", disk reads " << k.disk_reads);
+        BOOST_TEST(same_bits(got, reference), "slots " << slots);
+        BOOST_TEST(k.disk_reads > 0u);
+        BOOST_TEST(k.read_errors == 0u);
+        BOOST_TEST(((*d)->slot_table(0) != nullptr) == (slots == total));
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace moestream::test
