@@ -3,7 +3,9 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: scripts/gpu_run.sh [tests] [cli] [kernels] [decode] (default: all four)
+# Usage: scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] (default: the first four;
+# stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
+# slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 G=$PWD/.gpu
@@ -57,8 +59,14 @@ fi
 if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   for preset in mini-lite mini; do
     "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
-    timeout 120 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
+    timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
     summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")
   done
+fi
+if [[ $what == *stream* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
+  timeout 300 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf --device-cache 0.80 --host-cache 3.22 \
+    -n 32 --prompt-tokens 256 > "$OUT/stream_mini.log" 2>&1
+  summary+=("bench decode streaming mini exit $?: $(grep -E 'GPU|remap' "$OUT/stream_mini.log" | tr '\n' ' ')")
 fi
 printf '%s\n' "${summary[@]}"
