@@ -141,7 +141,12 @@ void device_experts::need(int layer, std::span<const int32_t> experts) {
 }
 
 void device_experts::hint(int layer, std::span<const int32_t> experts) {
-    if (fill_from_) fill_from_->hint(layer, experts);
+    if (!fill_from_) return;
+    // Only what no slot holds: a read of a resident expert would be wasted.
+    misses_.clear();
+    for (int32_t e : experts)
+        if (slot_of_[size_t(key_of(layer, e))] < 0) misses_.push_back(e);
+    if (!misses_.empty()) fill_from_->hint(layer, misses_);
 }
 
 void device_experts::publish_tables() {
