@@ -132,21 +132,23 @@ result<dsv41::expert_weights> device_experts::get(int layer, int32_t expert) {
     return sl.views;
 }
 
-void device_experts::need(int layer, std::span<const int32_t> experts) {
-    if (!fill_from_) return;
+// The experts of `experts` that no slot holds, in misses_.
+std::span<const int32_t> device_experts::misses_of(int layer, std::span<const int32_t> experts) {
     misses_.clear();
     for (int32_t e : experts)
         if (slot_of_[size_t(key_of(layer, e))] < 0) misses_.push_back(e);
-    if (!misses_.empty()) fill_from_->need(layer, misses_);
+    return misses_;
+}
+
+void device_experts::need(int layer, std::span<const int32_t> experts) {
+    if (!fill_from_) return;
+    if (auto m = misses_of(layer, experts); !m.empty()) fill_from_->need(layer, m);
 }
 
 void device_experts::hint(int layer, std::span<const int32_t> experts) {
-    if (!fill_from_) return;
     // Only what no slot holds: a read of a resident expert would be wasted.
-    misses_.clear();
-    for (int32_t e : experts)
-        if (slot_of_[size_t(key_of(layer, e))] < 0) misses_.push_back(e);
-    if (!misses_.empty()) fill_from_->hint(layer, misses_);
+    if (!fill_from_) return;
+    if (auto m = misses_of(layer, experts); !m.empty()) fill_from_->hint(layer, m);
 }
 
 void device_experts::publish_tables() {

@@ -49,6 +49,7 @@ class device_experts final : public dsv41::expert_source {
   private:
     device_experts(backend& be, const loaded_model& m) : be_(be), m_(m) {}
     int64_t key_of(int layer, int32_t expert) const;
+    std::span<const int32_t> misses_of(int layer, std::span<const int32_t> experts);
     // Uploads the slot of every expert and builds the layers' tables (every expert resident).
     void publish_tables();
 

@@ -66,6 +66,18 @@ result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_ex
 
 auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
 
+// True (the test is skipped, with a message) when the tiers could not start because io_uring is
+// unavailable here; any other error fails the test.
+bool skip_without_io_uring(const result<std::unique_ptr<tiered_experts>>& t) {
+    if (t) return false;
+    if (t.message().rfind("io_uring unavailable", 0) == 0) {
+        BOOST_TEST_MESSAGE("skipped: " << t.message());
+        return true;
+    }
+    BOOST_FAIL(t.message());
+    return true;
+}
+
 tier_options budgets(uint64_t device, uint64_t host, std::string policy) {
     tier_options o;
     o.device_bytes = device;
@@ -94,13 +106,7 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                            config{2000, 2000, 64, 1 << 20, 2}, config{3, 4, 64, 1 << 20, 2, true},
                            config{0, 6, 64, 1 << 20, 1, true}}) {
         auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap);
-        if (!t) {
-            if (t.message().rfind("io_uring unavailable", 0) == 0) {
-                BOOST_TEST_MESSAGE("skipped: " << t.message());
-                return;
-            }
-            BOOST_FAIL(t.message());
-        }
+        if (skip_without_io_uring(t)) return;
         cpu_backend be(c.threads);
         const auto got = run(m, **t, be);
         const auto k = (*t)->counters();
@@ -317,13 +323,7 @@ BOOST_AUTO_TEST_CASE(eight_sequences_through_one_slot_tiers_with_random_delays, 
     };
     for (const auto& [dev, host] : {std::pair<double, double>{1, 1}, {0, 1}, {2, 3}}) {
         auto t = tiers(m, dev, host, 2, 4096, false, delay);
-        if (!t) {
-            if (t.message().rfind("io_uring unavailable", 0) == 0) {
-                BOOST_TEST_MESSAGE("skipped: " << t.message());
-                return;
-            }
-            BOOST_FAIL(t.message());
-        }
+        if (skip_without_io_uring(t)) return;
         cpu_backend be(3);
         auto done = std::async(std::launch::async, [&] { return run8(**t, be); });
         if (done.wait_for(std::chrono::minutes(10)) != std::future_status::ready) {
@@ -350,13 +350,7 @@ BOOST_AUTO_TEST_CASE(backend_slots_filled_from_the_host_tier, *needs()) {
     const int64_t total = m.files->total_experts();
     for (const auto& [slots, host] : {std::pair<int64_t, double>{1, 1}, {7, 2}, {total, 3}}) {
         auto t = tiers(m, 0, host, 4, 1 << 20);
-        if (!t) {
-            if (t.message().rfind("io_uring unavailable", 0) == 0) {
-                BOOST_TEST_MESSAGE("skipped: " << t.message());
-                return;
-            }
-            BOOST_FAIL(t.message());
-        }
+        if (skip_without_io_uring(t)) return;
         cpu_backend be(2);
         auto d = device_experts::create(be, *m.files, slots, slots == total, t->get());
         BOOST_TEST_REQUIRE(d.ok(), (d.ok() ? std::string() : d.message()));
