@@ -1,0 +1,23 @@
+// Drafters for speculative decoding: each proposes up to k tokens to follow a sequence's
+// committed tokens; the target model verifies them in one forward (spec/speculative.h). A
+// drafter sees only token ids, so it is backend-agnostic; the DSpark head (a drafter that needs
+// the target's features) plugs in behind the same interface.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace moestream::spec {
+
+class drafter {
+  public:
+    virtual ~drafter() = default;
+    virtual std::string name() const = 0;
+    // Up to k tokens to follow `context` (every committed token, the prompt included, and the
+    // token the next forward feeds last). Fewer (or none) when it has nothing to say.
+    virtual std::vector<int32_t> propose(std::span<const int32_t> context, int k) = 0;
+};
+
+}  // namespace moestream::spec

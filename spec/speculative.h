@@ -1,0 +1,34 @@
+// Greedy speculative decoding: the drafter proposes k tokens, one forward of the target over
+// [last, d1..dk] verifies them, the longest prefix the target agrees with is kept, and the
+// rejected rows are rolled back (sequence_state::truncate: window rings, compressed and index
+// cache lengths; the ratio-2 pending pairs sit in slots that later rows never overwrite). The
+// output is the plain greedy output token for token (the target's rows do not depend on the
+// other rows of a forward), so speculation changes only the time.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "spec/drafter.h"
+
+namespace moestream::spec {
+
+struct spec_stats {
+    int64_t target_steps = 0;  // forwards of the target
+    int64_t drafted = 0;       // tokens proposed
+    int64_t accepted = 0;      // of those, kept
+};
+
+// The lowest index of the largest logit (the greedy choice; ties to the lower id).
+int32_t greedy_token(std::span<const float> logits);
+
+// Decodes n tokens greedily after `seq` (its last forward produced `first`, the first new token,
+// not yet fed), proposing up to k tokens a step with `d` (k = 0: plain decoding). Appends the n
+// tokens to `out`, `first` included. The sequence needs a rollback of at least k.
+result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& seq, int32_t first, int64_t n,
+                                 drafter& d, int k, std::vector<int32_t>& out);
+
+}  // namespace moestream::spec

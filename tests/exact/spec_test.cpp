@@ -1,0 +1,96 @@
+// Greedy speculative decoding gives plain greedy decoding's tokens, whatever the drafter, its
+// acceptance and the draft length, and leaves the sequence as plain decoding does (the next
+// step's logits bit for bit), rejected rows rolled back.
+#include <boost/test/unit_test.hpp>
+
+#include "../common/test_support.h"
+#include "fixture_model.h"
+#include "spec/ngram_drafter.h"
+#include "spec/oracle_drafter.h"
+#include "spec/speculative.h"
+
+namespace moestream::test {
+namespace {
+
+const char* kFx = "dsv41-tiny-bf16";
+auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
+
+// A sequence that consumed `prompt`, and the greedy token its last row chose.
+int32_t prefill(fixture_model& m, dsv41::sequence_state& seq, std::span<const int32_t> prompt) {
+    std::vector<float> logits;
+    dsv41::forward_item item{&seq, prompt, false};
+    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
+    return spec::greedy_token(logits);
+}
+
+// The logits of feeding `t` next (the state's fingerprint).
+std::vector<float> next_logits(fixture_model& m, dsv41::sequence_state& seq, int32_t t) {
+    std::vector<float> logits;
+    dsv41::forward_item item{&seq, {&t, 1}, false};
+    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, logits).ok());
+    return logits;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(speculative)
+
+BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
+    auto& m = fixture(kFx);
+    constexpr int64_t n = 24;
+    for (int len : {7, 40}) {
+        const auto prompt = prompt_ids(kFx, len);
+        // Plain greedy decoding (k = 0).
+        auto plain_seq = m.sequence();
+        const int32_t first = prefill(m, *plain_seq, prompt);
+        spec::ngram_drafter unused;
+        std::vector<int32_t> plain;
+        auto p = spec::decode_greedy(*m.model, *plain_seq, first, n, unused, 0, plain);
+        BOOST_TEST_REQUIRE(p.ok());
+        BOOST_TEST(p->target_steps == n - 1);
+        const auto plain_next = next_logits(m, *plain_seq, plain.back());
+        const std::vector<int32_t> continuation(plain.begin(), plain.end());
+        for (int k : {1, 3, 5}) {
+            spec::ngram_drafter ngram(1, 3);
+            spec::oracle_drafter exact(continuation, len, 0.0, int32_t(m.hp().vocab));
+            spec::oracle_drafter half(continuation, len, 0.5, int32_t(m.hp().vocab), 7);
+            for (spec::drafter* d : {static_cast<spec::drafter*>(&ngram), static_cast<spec::drafter*>(&exact),
+                                     static_cast<spec::drafter*>(&half)}) {
+                auto seq = m.sequence();
+                BOOST_TEST_REQUIRE(prefill(m, *seq, prompt) == first);
+                std::vector<int32_t> got;
+                auto s = spec::decode_greedy(*m.model, *seq, first, n, *d, k, got);
+                BOOST_TEST_REQUIRE(s.ok());
+                const std::string what = d->name() + " k " + std::to_string(k) + " prompt " + std::to_string(len);
+                BOOST_TEST(got == plain, what);
+                BOOST_TEST(s->accepted <= s->drafted);
+                BOOST_TEST(s->target_steps + s->accepted == n - 1, what);  // every step yields one more
+                if (d == &exact) BOOST_TEST(s->accepted == s->drafted, what);
+                if (d == &half && k > 1) BOOST_TEST(s->accepted < s->drafted, what);  // some were rejected
+                BOOST_TEST_MESSAGE(what << ": " << s->target_steps << " target steps, accepted " << s->accepted
+                                        << " of " << s->drafted);
+                // The state after the rejections is plain decoding's, bit for bit.
+                BOOST_TEST(same_bits(next_logits(m, *seq, got.back()), plain_next), what);
+            }
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(drafters_propose_what_they_should) {
+    spec::ngram_drafter ngram(2, 3);
+    const std::vector<int32_t> ctx{5, 6, 7, 8, 9, 5, 6, 7};
+    BOOST_TEST((ngram.propose(ctx, 2) == std::vector<int32_t>{8, 9}));  // "5 6 7" followed by 8 9
+    BOOST_TEST((ngram.propose(ctx, 9) == std::vector<int32_t>{8, 9, 5, 6, 7}));  // up to the context's end
+    BOOST_TEST(ngram.propose(std::vector<int32_t>{1, 2, 3, 4}, 3).empty());     // nothing repeats
+    spec::oracle_drafter exact({10, 11, 12, 13}, 3, 0.0, 100);
+    BOOST_TEST((exact.propose(std::vector<int32_t>{1, 2, 3, 10}, 2) == std::vector<int32_t>{11, 12}));
+    BOOST_TEST((exact.propose(std::vector<int32_t>{1, 2, 3, 10, 11, 12}, 5) == std::vector<int32_t>{13}));
+    spec::oracle_drafter never({10, 11, 12, 13}, 3, 1.0, 100);
+    const auto wrong = never.propose(std::vector<int32_t>{1, 2, 3, 10}, 3);
+    BOOST_TEST(wrong.size() == 3u);
+    for (size_t i = 0; i < wrong.size(); ++i) BOOST_TEST((wrong[i] != 11 + int32_t(i) && wrong[i] >= 0 && wrong[i] < 100));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace moestream::test
