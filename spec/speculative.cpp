@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "config/assert.h"
+
 namespace moestream::spec {
 
 int32_t greedy_token(std::span<const float> logits) {
@@ -9,19 +11,30 @@ int32_t greedy_token(std::span<const float> logits) {
 }
 
 result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& seq, int32_t first, int64_t n,
-                                 drafter& d, int k, std::vector<int32_t>& out) {
+                                 drafter& d, const greedy_options& o, std::vector<int32_t>& out) {
     spec_stats st;
-    if (n <= 0) return st;
     const int64_t vocab = target.hp().vocab;
-    out.push_back(first);
-    int64_t emitted = 1;
+    int64_t emitted = 0;
+    // False once the stop token is chosen or n tokens are out.
+    const auto emit = [&](int32_t t) {
+        if (t == o.stop_token) {
+            st.stopped = true;
+            return false;
+        }
+        out.push_back(t);
+        if (o.on_token) o.on_token(t);
+        return ++emitted < n;
+    };
+    if (n <= 0 || !emit(first)) return st;
     int32_t last = first;
     std::vector<int32_t> context(seq.tokens().begin(), seq.tokens().end()), rows;
     context.push_back(last);
     std::vector<float> logits;
-    while (emitted < n) {
-        // No more drafts than tokens still wanted beyond the one the step yields anyway.
-        const int want = int(std::min<int64_t>(k, n - emitted - 1));
+    for (;;) {
+        // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
+        // the sequence has room for.
+        const int64_t room = seq.capacity() - seq.size() - 1;
+        const int want = int(std::max<int64_t>(0, std::min<int64_t>({o.k, n - emitted - 1, room})));
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
         rows.assign(1, last);
@@ -34,22 +47,23 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
         // Row i's choice follows rows[0..i]; draft token i + 1 stands while it equals row i's.
         int64_t j = 0;
         int32_t next = greedy_token(std::span<const float>(logits.data(), size_t(vocab)));
-        while (j < int64_t(draft.size()) && draft[size_t(j)] == next) {
-            out.push_back(next);
+        // (A draft never reaches the n-th token, so accepting one never ends decoding; the stop
+        // token is never accepted, so the sequence never consumes it.)
+        while (j < int64_t(draft.size()) && draft[size_t(j)] == next && next != o.stop_token) {
+            const bool more = emit(next);
+            MS_ASSERT(more);
             context.push_back(next);
-            ++emitted, ++j;
-            next = greedy_token(std::span<const float>(logits.data() + (j)*vocab, size_t(vocab)));
+            ++j;
+            next = greedy_token(std::span<const float>(logits.data() + j * vocab, size_t(vocab)));
         }
         st.accepted += j;
         // The rows after the last accepted draft are forgotten; `next` comes from row j.
         if (j < int64_t(draft.size()))
             if (auto t = seq.truncate(before + 1 + j); !t) return t.err();
-        out.push_back(next);
+        if (!emit(next)) return st;
         context.push_back(next);
-        ++emitted;
         last = next;
     }
-    return st;
 }
 
 }  // namespace moestream::spec

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -20,15 +21,23 @@ struct spec_stats {
     int64_t target_steps = 0;  // forwards of the target
     int64_t drafted = 0;       // tokens proposed
     int64_t accepted = 0;      // of those, kept
+    bool stopped = false;      // ended at the stop token
 };
 
 // The lowest index of the largest logit (the greedy choice; ties to the lower id).
 int32_t greedy_token(std::span<const float> logits);
 
-// Decodes n tokens greedily after `seq` (its last forward produced `first`, the first new token,
-// not yet fed), proposing up to k tokens a step with `d` (k = 0: plain decoding). Appends the n
-// tokens to `out`, `first` included. The sequence needs a rollback of at least k.
+struct greedy_options {
+    int k = 0;                // the most tokens drafted a step (0: plain decoding)
+    int32_t stop_token = -1;  // chosen: decoding ends, the token is not emitted (-1: none)
+    std::function<void(int32_t)> on_token;  // each emitted token, as soon as it is known
+};
+
+// Decodes up to n tokens greedily after `seq` (its last forward chose `first`, the first new
+// token, not yet fed), proposing up to o.k tokens a step with `d`. Appends the emitted tokens to
+// `out` (`first` included, unless it is the stop token). Drafts never run past the sequence's
+// capacity, which needs room for the n tokens (the last is never fed) and a rollback of o.k.
 result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& seq, int32_t first, int64_t n,
-                                 drafter& d, int k, std::vector<int32_t>& out);
+                                 drafter& d, const greedy_options& o, std::vector<int32_t>& out);
 
 }  // namespace moestream::spec

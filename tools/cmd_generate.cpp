@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <limits>
 #include <optional>
 #include <random>
@@ -18,6 +20,9 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "scheduler/model_gguf.h"
+#include "spec/ngram_drafter.h"
+#include "spec/oracle_drafter.h"
+#include "spec/speculative.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
 
@@ -156,6 +161,46 @@ struct draft_tally {
     }
 };
 
+// --drafter / --spec-k: which drafter speculative decoding uses and how many tokens it drafts.
+struct spec_choice {
+    std::string drafter;  // empty: plain decoding
+    double oracle_rate = 0;
+    int k = 0;
+};
+
+result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
+    spec_choice c;
+    if (!a.has("drafter")) {
+        if (a.has("spec-k")) return make_error("--spec-k needs --drafter");
+        return c;
+    }
+    const std::string d = a.get_or("drafter", "");
+    if (d == "ngram") {
+        c.drafter = d;
+    } else if (d.rfind("oracle:", 0) == 0) {
+        char* end = nullptr;
+        const std::string rate = d.substr(7);
+        c.oracle_rate = std::strtod(rate.c_str(), &end);
+        if (rate.empty() || *end != '\0' || !(c.oracle_rate >= 0 && c.oracle_rate <= 1))
+            return make_error(cat("--drafter oracle:RATE needs a rate in [0, 1], got '", rate, "'"));
+        c.drafter = "oracle";
+    } else if (d == "dspark") {
+        return make_error("--drafter dspark: speculative decoding with the DSpark head is not available yet "
+                          "(use --draft to see how often its drafts would be accepted; ngram and oracle:RATE work)");
+    } else {
+        return make_error(cat("--drafter must be ngram, oracle:RATE or dspark, got '", d, "'"));
+    }
+    if (!greedy) return make_error("--drafter: speculative decoding is greedy only so far (no --temp)");
+    const std::string k = a.get_or("spec-k", "3");
+    if (k == "auto")
+        return make_error("--spec-k auto: the per-step policy is not available yet; give a draft length 0..5");
+    auto v = a.get_int("spec-k", 3);
+    if (!v) return v.err();
+    if (*v < 0 || *v > 5) return make_error(cat("--spec-k must be 0..5, got ", k));
+    c.k = int(*v);
+    return c;
+}
+
 int run(const cli::args& a) {
     // ---- usage checks, before anything is opened ----
     auto cfg = load_config(a);
@@ -179,6 +224,8 @@ int run(const cli::args& a) {
     if (*n_predict <= 0) return usage_error(kName, cat("-n/--n-predict must be > 0, got ", a.get_or("n-predict", "")));
     auto params = parse_sampling(a);
     if (!params) return usage_error(kName, params.message());
+    auto spec_opts = parse_spec(a, params->temperature <= 0);
+    if (!spec_opts) return usage_error(kName, spec_opts.message());
 
     // ---- model, tokenizer, prompt ----
     auto session = open_model_session(*cfg, !cfg->model.draft_path.empty());
@@ -216,7 +263,8 @@ int run(const cli::args& a) {
         return fail(kName, cat("the prompt has ", std::to_string(prompt.size()), " tokens and the context holds ",
                                std::to_string(ctx), " (runtime.context_tokens, --ctx-size): no room to generate"));
     // Room for the prompt and every generated token but the last (which is never fed back).
-    const int64_t capacity = std::min(ctx, int64_t(prompt.size()) + *n_predict);
+    // (With a drafter, room for the rows of one more verification block.)
+    const int64_t capacity = std::min(ctx, int64_t(prompt.size()) + *n_predict + spec_opts->k);
     auto seq = s.new_sequence(capacity);
     sampler smp(*params, vocab);
     smp.reset(prompt);
@@ -231,6 +279,52 @@ int run(const cli::args& a) {
     dsv41::forward_item prefill{seq.get(), prompt, false};
     if (auto st = s.model->forward({&prefill, 1}, logits); !st) return fail(kName, st.message());
     const double prefill_s = seconds_since(t_prefill);
+
+    // ---- speculative decoding: greedy, drafts verified k + 1 rows at a time ----
+    if (!spec_opts->drafter.empty()) {
+        const int32_t first = spec::greedy_token(logits);
+        std::unique_ptr<spec::drafter> drafter;
+        if (spec_opts->drafter == "ngram") {
+            drafter = std::make_unique<spec::ngram_drafter>();
+        } else {
+            // The oracle proposes the target's own greedy continuation, recorded first on a copy.
+            auto rec = s.new_sequence(capacity);
+            rec->copy_from(*seq);
+            std::vector<int32_t> continuation;
+            spec::ngram_drafter none;
+            spec::greedy_options plain;
+            plain.stop_token = eos;
+            if (auto r = spec::decode_greedy(*s.model, *rec, first, *n_predict, none, plain, continuation); !r)
+                return fail(kName, r.message());
+            drafter = std::make_unique<spec::oracle_drafter>(continuation, int64_t(prompt.size()),
+                                                             spec_opts->oracle_rate, int32_t(vocab));
+        }
+        spec::greedy_options o;
+        o.k = spec_opts->k;
+        o.stop_token = eos;
+        o.on_token = [&](int32_t t) { out.emit(t); };
+        const auto t_spec = clock_type::now();
+        // The last token is never fed: n tokens need n - 1 positions after the prompt.
+        const int64_t n = std::min<int64_t>(*n_predict, capacity - int64_t(prompt.size()) + 1);
+        auto r = spec::decode_greedy(*s.model, *seq, first, n, *drafter, o, generated);
+        const double spec_s = seconds_since(t_spec);
+        out.finish();
+        if (!r) return fail(kName, r.message());
+        const std::string stop = r->stopped                              ? std::string("end of sequence")
+                                 : int64_t(generated.size()) >= *n_predict ? cat("-n ", std::to_string(*n_predict), " reached")
+                                                                          : cat("context limit of ", std::to_string(ctx),
+                                                                                " tokens reached (runtime.context_tokens, --ctx-size)");
+        std::fprintf(stderr,
+                     "prompt %zu tokens, prefill %.1f tok/s (%.3f s) | generated %zu tokens, decode %.1f tok/s "
+                     "(%.3f s) | stop: %s | greedy | drafter %s, k %d: target steps %lld, accepted %lld of %lld "
+                     "drafted\n",
+                     prompt.size(), prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, prefill_s,
+                     generated.size(), spec_s > 0 ? double(generated.size()) / spec_s : 0.0, spec_s, stop.c_str(),
+                     drafter->name().c_str(), spec_opts->k, static_cast<long long>(r->target_steps),
+                     static_cast<long long>(r->accepted), static_cast<long long>(r->drafted));
+        s.print_streaming_stats();
+        return 0;
+    }
 
     // ---- decode: sample, print, feed back ----
     const auto t_decode = clock_type::now();
@@ -309,6 +403,9 @@ const std::vector<cli::option_spec>& options() {
         {"min-p", "P", "keep tokens with probability >= P times the top one (0: off, the default)"},
         {"seed", "S", "random seed of the sampler (default: a random one, printed at the end)"},
         {"draft", "FILE.gguf", "DSpark draft head (dflash); reports how many of its drafts the target agreed with"},
+        {"drafter", "NAME", "speculative decoding (greedy): ngram (prompt lookup) or oracle:RATE (the recorded greedy "
+                            "continuation, each token replaced with probability RATE; for measurement)"},
+        {"spec-k", "K", "tokens drafted a step with --drafter, 0..5 (default 3)"},
     });
     return specs;
 }
@@ -316,7 +413,7 @@ const std::vector<cli::option_spec>& options() {
 const command kCommand{
     kName,
     "--model FILE.gguf (--prompt TEXT [--chat] | --prompt-tokens 1,2,3) [-n N] [--temp T] [--top-p P] [--top-k K] "
-    "[--min-p P] [--seed S] [--draft FILE.gguf]",
+    "[--min-p P] [--seed S] [--draft FILE.gguf] [--drafter ngram|oracle:RATE [--spec-k K]]",
     "Generates text from a prompt: prefills it in one forward, then decodes one token per step (greedy unless "
     "--temp is given), streaming the text to stdout as it is produced. Stops at the end-of-sequence token, after "
     "-n tokens, or at the context limit (runtime.context_tokens). A statistics line (prompt and generated tokens, "

@@ -122,6 +122,28 @@ PY
   [[ $out =~ ^[0-9]+\ [0-9]+\ [0-9]+$ ]] || fail "generate ids: '$out'"
   [[ ${out%% *} == "$(st argmax "$WORK/free.f32" 512 39)" ]] || fail "generate's first token is not the argmax: $out"
   grep -q "draft:" "$WORK/err" || fail "generate --draft reports no draft statistics: $(cat "$WORK/err")"
+  # Speculative decoding (greedy): the plain output token for token, whatever the drafter and k;
+  # the statistics line ends with the contract's counts.
+  plain=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 2>"$WORK/err") ||
+    fail "generate -n 20: $(cat "$WORK/err")"
+  for spec in "oracle:1.0 --spec-k 3" "oracle:0.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" "ngram --spec-k 0"; do
+    # shellcheck disable=SC2086
+    got=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter $spec 2>"$WORK/err") ||
+      fail "generate --drafter $spec: $(cat "$WORK/err")"
+    [[ $got == "$plain" ]] || fail "generate --drafter $spec differs from plain greedy: '$got' vs '$plain'"
+    grep -qE "target steps [0-9]+, accepted [0-9]+ of [0-9]+ drafted$" "$WORK/err" ||
+      fail "generate --drafter $spec: no speculative statistics: $(cat "$WORK/err")"
+  done
+  # (The first token comes from the prefill: 19 more, one per step plus the accepted drafts.)
+  grep -q "target steps 19, accepted 0 of 0 drafted" "$WORK/err" || fail "--spec-k 0 drafts nothing: $(cat "$WORK/err")"
+  "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter oracle:0.0 --spec-k 5 2>"$WORK/err" >/dev/null
+  grep -q "target steps 4, accepted 15 of 15 drafted" "$WORK/err" ||
+    fail "an exact oracle is always accepted (three steps of 6 tokens, then the 20th alone): $(cat "$WORK/err")"
+  expect_fail 2 "--drafter must be" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter magic
+  expect_fail 2 "rate in \[0, 1\]" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter oracle:2
+  expect_fail 2 "--spec-k must be 0..5" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --spec-k 9
+  expect_fail 2 "greedy only" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --temp 0.7
+  expect_fail 2 "--spec-k needs --drafter" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --spec-k 2
 
   # Bad input: a clear error, the right exit code.
   expect_fail 1 "token id 600 is outside the vocabulary" "$BIN" logits --model "$WORK/t.gguf" --tokens 1,600 --out "$WORK/x.f32"

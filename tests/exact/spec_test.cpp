@@ -45,7 +45,7 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
         const int32_t first = prefill(m, *plain_seq, prompt);
         spec::ngram_drafter unused;
         std::vector<int32_t> plain;
-        auto p = spec::decode_greedy(*m.model, *plain_seq, first, n, unused, 0, plain);
+        auto p = spec::decode_greedy(*m.model, *plain_seq, first, n, unused, {}, plain);
         BOOST_TEST_REQUIRE(p.ok());
         BOOST_TEST(p->target_steps == n - 1);
         const auto plain_next = next_logits(m, *plain_seq, plain.back());
@@ -59,7 +59,9 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
                 auto seq = m.sequence();
                 BOOST_TEST_REQUIRE(prefill(m, *seq, prompt) == first);
                 std::vector<int32_t> got;
-                auto s = spec::decode_greedy(*m.model, *seq, first, n, *d, k, got);
+                spec::greedy_options o;
+                o.k = k;
+                auto s = spec::decode_greedy(*m.model, *seq, first, n, *d, o, got);
                 BOOST_TEST_REQUIRE(s.ok());
                 const std::string what = d->name() + " k " + std::to_string(k) + " prompt " + std::to_string(len);
                 BOOST_TEST(got == plain, what);
