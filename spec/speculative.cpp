@@ -58,8 +58,12 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
         }
         st.accepted += j;
         // The rows after the last accepted draft are forgotten; `next` comes from row j.
-        if (j < int64_t(draft.size()))
+        if (j < int64_t(draft.size())) {
             if (auto t = seq.truncate(before + 1 + j); !t) return t.err();
+            // The draft head continues from the last kept row's features.
+            if (target.has_draft())
+                if (auto h = target.keep_main_hidden(seq, j); !h) return h.err();
+        }
         if (!emit(next)) return st;
         context.push_back(next);
         last = next;

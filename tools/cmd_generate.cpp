@@ -20,6 +20,7 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "scheduler/model_gguf.h"
+#include "spec/dspark_drafter.h"
 #include "spec/ngram_drafter.h"
 #include "spec/oracle_drafter.h"
 #include "spec/speculative.h"
@@ -185,8 +186,8 @@ result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
             return make_error(cat("--drafter oracle:RATE needs a rate in [0, 1], got '", rate, "'"));
         c.drafter = "oracle";
     } else if (d == "dspark") {
-        return make_error("--drafter dspark: speculative decoding with the DSpark head is not available yet "
-                          "(use --draft to see how often its drafts would be accepted; ngram and oracle:RATE work)");
+        if (!a.has("draft")) return make_error("--drafter dspark needs the draft head: --draft FILE.gguf");
+        c.drafter = d;
     } else {
         return make_error(cat("--drafter must be ngram, oracle:RATE or dspark, got '", d, "'"));
     }
@@ -286,6 +287,8 @@ int run(const cli::args& a) {
         std::unique_ptr<spec::drafter> drafter;
         if (spec_opts->drafter == "ngram") {
             drafter = std::make_unique<spec::ngram_drafter>();
+        } else if (spec_opts->drafter == "dspark") {
+            drafter = std::make_unique<spec::dspark_drafter>(*s.model, *seq);
         } else {
             // The oracle proposes the target's own greedy continuation, recorded first on a copy.
             auto rec = s.new_sequence(capacity);
@@ -403,8 +406,9 @@ const std::vector<cli::option_spec>& options() {
         {"min-p", "P", "keep tokens with probability >= P times the top one (0: off, the default)"},
         {"seed", "S", "random seed of the sampler (default: a random one, printed at the end)"},
         {"draft", "FILE.gguf", "DSpark draft head (dflash); reports how many of its drafts the target agreed with"},
-        {"drafter", "NAME", "speculative decoding (greedy): ngram (prompt lookup) or oracle:RATE (the recorded greedy "
-                            "continuation, each token replaced with probability RATE; for measurement)"},
+        {"drafter", "NAME", "speculative decoding (greedy): dspark (the --draft head), ngram (prompt lookup) or "
+                            "oracle:RATE (the recorded greedy continuation, each token replaced with probability "
+                            "RATE; for measurement)"},
         {"spec-k", "K", "tokens drafted a step with --drafter, 0..5 (default 3)"},
     });
     return specs;
@@ -413,7 +417,7 @@ const std::vector<cli::option_spec>& options() {
 const command kCommand{
     kName,
     "--model FILE.gguf (--prompt TEXT [--chat] | --prompt-tokens 1,2,3) [-n N] [--temp T] [--top-p P] [--top-k K] "
-    "[--min-p P] [--seed S] [--draft FILE.gguf] [--drafter ngram|oracle:RATE [--spec-k K]]",
+    "[--min-p P] [--seed S] [--draft FILE.gguf] [--drafter dspark|ngram|oracle:RATE [--spec-k K]]",
     "Generates text from a prompt: prefills it in one forward, then decodes one token per step (greedy unless "
     "--temp is given), streaming the text to stdout as it is produced. Stops at the end-of-sequence token, after "
     "-n tokens, or at the context limit (runtime.context_tokens). A statistics line (prompt and generated tokens, "

@@ -269,6 +269,11 @@ class model {
     status draft(const sequence_state& seq, int32_t next_token, draft_output& out,
                  std::span<const int32_t> forced = {});
 
+    // After a forward in which `seq` was the only item, and a truncate() that kept its row `row`
+    // as the last one: the DSpark head's input becomes that row's features (speculative
+    // decoding keeps an accepted prefix of a verification block). An error without a draft head.
+    status keep_main_hidden(sequence_state& seq, int64_t row);
+
     // RoPE frequency tables (per pair), exposed for tests: base rope_theta, and compress base + YaRN.
     const std::vector<float>& rope_freqs(bool compressed) const { return compressed ? freqs_yarn_ : freqs_plain_; }
 

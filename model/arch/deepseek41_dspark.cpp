@@ -127,4 +127,15 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
     return {};
 }
 
+status model::keep_main_hidden(sequence_state& seq, int64_t row) {
+    if (!draft_) return make_error("keep_main_hidden needs a model with a DSpark head");
+    const int64_t size = int64_t(hp_.dspark_target_layers.size()) * hp_.dim;
+    detail::workspace& ws = *ws_;
+    if (row < 0 || (row + 1) * size > int64_t(ws.taps.size()))
+        return make_error("keep_main_hidden: row " + std::to_string(row) + " is not a row of the last forward");
+    be_.copy(seq.last_main_hidden_, ws.taps.data() + row * size, size_t(size) * sizeof(float));
+    seq.has_main_hidden_ = true;
+    return {};
+}
+
 }  // namespace moestream::dsv41

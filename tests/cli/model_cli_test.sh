@@ -126,7 +126,8 @@ PY
   # the statistics line ends with the contract's counts.
   plain=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 2>"$WORK/err") ||
     fail "generate -n 20: $(cat "$WORK/err")"
-  for spec in "oracle:1.0 --spec-k 3" "oracle:0.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" "ngram --spec-k 0"; do
+  for spec in "oracle:1.0 --spec-k 3" "oracle:0.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" \
+              "dspark --spec-k 5 --draft $WORK/d.gguf" "ngram --spec-k 0"; do
     # shellcheck disable=SC2086
     got=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter $spec 2>"$WORK/err") ||
       fail "generate --drafter $spec: $(cat "$WORK/err")"
@@ -143,6 +144,7 @@ PY
   expect_fail 2 "rate in \[0, 1\]" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter oracle:2
   expect_fail 2 "--spec-k must be 0..5" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --spec-k 9
   expect_fail 2 "greedy only" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --temp 0.7
+  expect_fail 2 "needs the draft head" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter dspark
   expect_fail 2 "--spec-k needs --drafter" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --spec-k 2
 
   # Bad input: a clear error, the right exit code.

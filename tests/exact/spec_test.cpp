@@ -5,6 +5,7 @@
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
+#include "spec/dspark_drafter.h"
 #include "spec/ngram_drafter.h"
 #include "spec/oracle_drafter.h"
 #include "spec/speculative.h"
@@ -48,15 +49,22 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
         auto p = spec::decode_greedy(*m.model, *plain_seq, first, n, unused, {}, plain);
         BOOST_TEST_REQUIRE(p.ok());
         BOOST_TEST(p->target_steps == n - 1);
-        const auto plain_next = next_logits(m, *plain_seq, plain.back());
+        // The plain state's fingerprints: the next draft block and the next step's logits (on a
+        // copy, so the plain sequence stays where decoding left it).
+        auto plain_after = m.sequence();
+        plain_after->copy_from(*plain_seq);
+        const auto plain_next = next_logits(m, *plain_after, plain.back());
         const std::vector<int32_t> continuation(plain.begin(), plain.end());
         for (int k : {1, 3, 5}) {
             spec::ngram_drafter ngram(1, 3);
             spec::oracle_drafter exact(continuation, len, 0.0, int32_t(m.hp().vocab));
             spec::oracle_drafter half(continuation, len, 0.5, int32_t(m.hp().vocab), 7);
+            auto seq_for_dspark = m.sequence();
+            spec::dspark_drafter dspark(*m.model, *seq_for_dspark);
             for (spec::drafter* d : {static_cast<spec::drafter*>(&ngram), static_cast<spec::drafter*>(&exact),
-                                     static_cast<spec::drafter*>(&half)}) {
-                auto seq = m.sequence();
+                                     static_cast<spec::drafter*>(&half), static_cast<spec::drafter*>(&dspark)}) {
+                auto own = m.sequence();
+                auto& seq = d == &dspark ? seq_for_dspark : own;
                 BOOST_TEST_REQUIRE(prefill(m, *seq, prompt) == first);
                 std::vector<int32_t> got;
                 spec::greedy_options o;
@@ -71,7 +79,13 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
                 if (d == &half && k > 1) BOOST_TEST(s->accepted < s->drafted, what);  // some were rejected
                 BOOST_TEST_MESSAGE(what << ": " << s->target_steps << " target steps, accepted " << s->accepted
                                         << " of " << s->drafted);
-                // The state after the rejections is plain decoding's, bit for bit.
+                if (d == &dspark) BOOST_TEST(dspark.error().empty(), dspark.error());
+                // The state after the rejections is plain decoding's, bit for bit: the target's
+                // and the draft head's (its next block from the same token).
+                dsv41::draft_output want_draft, got_draft;
+                BOOST_TEST_REQUIRE(m.model->draft(*plain_seq, got.back(), want_draft).ok());
+                BOOST_TEST_REQUIRE(m.model->draft(*seq, got.back(), got_draft).ok());
+                BOOST_TEST(same_bits(got_draft.logits, want_draft.logits), what);
                 BOOST_TEST(same_bits(next_logits(m, *seq, got.back()), plain_next), what);
             }
         }
