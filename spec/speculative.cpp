@@ -1,6 +1,7 @@
 #include "spec/speculative.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "config/assert.h"
 
@@ -34,7 +35,9 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
         // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
         // the sequence has room for.
         const int64_t room = seq.capacity() - seq.size() - 1;
-        const int want = int(std::max<int64_t>(0, std::min<int64_t>({o.k, n - emitted - 1, room})));
+        const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->choose()) : o.k;
+        const int want = int(std::max<int64_t>(0, std::min<int64_t>({k, n - emitted - 1, room})));
+        const auto t0 = std::chrono::steady_clock::now();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
         rows.assign(1, last);
@@ -42,8 +45,10 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
         const int64_t before = seq.size();
         dsv41::forward_item item{&seq, rows, true};
         if (auto f = target.forward({&item, 1}, logits); !f) return f.err();
+        const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++st.target_steps;
         st.drafted += int64_t(draft.size());
+        ++st.steps_by_k[std::min<size_t>(draft.size(), draft_policy::kMaxK)];
         // Row i's choice follows rows[0..i]; draft token i + 1 stands while it equals row i's.
         int64_t j = 0;
         int32_t next = greedy_token(std::span<const float>(logits.data(), size_t(vocab)));
@@ -57,6 +62,7 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
             next = greedy_token(std::span<const float>(logits.data() + j * vocab, size_t(vocab)));
         }
         st.accepted += j;
+        if (o.policy) o.policy->record(int(draft.size()), int(j), step_s);
         // The rows after the last accepted draft are forgotten; `next` comes from row j.
         if (j < int64_t(draft.size())) {
             if (auto t = seq.truncate(before + 1 + j); !t) return t.err();

@@ -6,6 +6,7 @@
 // other rows of a forward), so speculation changes only the time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -13,6 +14,7 @@
 
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
+#include "spec/draft_policy.h"
 #include "spec/drafter.h"
 
 namespace moestream::spec {
@@ -22,6 +24,7 @@ struct spec_stats {
     int64_t drafted = 0;       // tokens proposed
     int64_t accepted = 0;      // of those, kept
     bool stopped = false;      // ended at the stop token
+    std::array<int64_t, draft_policy::kMaxK + 1> steps_by_k{};  // target steps by tokens drafted
 };
 
 // The lowest index of the largest logit (the greedy choice; ties to the lower id).
@@ -29,6 +32,9 @@ int32_t greedy_token(std::span<const float> logits);
 
 struct greedy_options {
     int k = 0;                // the most tokens drafted a step (0: plain decoding)
+    // When set, each step's draft length (at most k) is the policy's choice, and the step's
+    // drafting + verification time and acceptance are recorded into it.
+    draft_policy* policy = nullptr;
     int32_t stop_token = -1;  // chosen: decoding ends, the token is not emitted (-1: none)
     std::function<void(int32_t)> on_token;  // each emitted token, as soon as it is known
 };

@@ -166,7 +166,8 @@ struct draft_tally {
 struct spec_choice {
     std::string drafter;  // empty: plain decoding
     double oracle_rate = 0;
-    int k = 0;
+    int k = 0;            // the most drafted a step
+    bool adaptive = false;  // --spec-k auto: the per-step policy (spec/draft_policy.h) chooses up to k
 };
 
 result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
@@ -192,10 +193,13 @@ result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
         return make_error(cat("--drafter must be ngram, oracle:RATE or dspark, got '", d, "'"));
     }
     if (!greedy) return make_error("--drafter: speculative decoding is greedy only so far (no --temp)");
-    const std::string k = a.get_or("spec-k", "3");
-    if (k == "auto")
-        return make_error("--spec-k auto: the per-step policy is not available yet; give a draft length 0..5");
-    auto v = a.get_int("spec-k", 3);
+    const std::string k = a.get_or("spec-k", "auto");
+    if (k == "auto") {
+        c.adaptive = true;
+        c.k = spec::draft_policy::kMaxK;
+        return c;
+    }
+    auto v = a.get_int("spec-k", 0);
     if (!v) return v.err();
     if (*v < 0 || *v > 5) return make_error(cat("--spec-k must be 0..5, got ", k));
     c.k = int(*v);
@@ -302,8 +306,10 @@ int run(const cli::args& a) {
             drafter = std::make_unique<spec::oracle_drafter>(continuation, int64_t(prompt.size()),
                                                              spec_opts->oracle_rate, int32_t(vocab));
         }
+        spec::draft_policy policy;
         spec::greedy_options o;
         o.k = spec_opts->k;
+        if (spec_opts->adaptive) o.policy = &policy;
         o.stop_token = eos;
         o.on_token = [&](int32_t t) { out.emit(t); };
         const auto t_spec = clock_type::now();
@@ -313,17 +319,25 @@ int run(const cli::args& a) {
         const double spec_s = seconds_since(t_spec);
         out.finish();
         if (!r) return fail(kName, r.message());
+        // "auto (steps by drafted tokens 12/0/1/0/0/7)" or the fixed k.
+        std::string k_text = std::to_string(spec_opts->k);
+        if (spec_opts->adaptive) {
+            k_text = "auto (steps by tokens drafted ";
+            for (size_t i = 0; i < r->steps_by_k.size(); ++i)
+                k_text += (i ? "/" : "") + std::to_string(r->steps_by_k[i]);
+            k_text += ")";
+        }
         const std::string stop = r->stopped                              ? std::string("end of sequence")
                                  : int64_t(generated.size()) >= *n_predict ? cat("-n ", std::to_string(*n_predict), " reached")
                                                                           : cat("context limit of ", std::to_string(ctx),
                                                                                 " tokens reached (runtime.context_tokens, --ctx-size)");
         std::fprintf(stderr,
                      "prompt %zu tokens, prefill %.1f tok/s (%.3f s) | generated %zu tokens, decode %.1f tok/s "
-                     "(%.3f s) | stop: %s | greedy | drafter %s, k %d: target steps %lld, accepted %lld of %lld "
+                     "(%.3f s) | stop: %s | greedy | drafter %s, k %s: target steps %lld, accepted %lld of %lld "
                      "drafted\n",
                      prompt.size(), prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, prefill_s,
                      generated.size(), spec_s > 0 ? double(generated.size()) / spec_s : 0.0, spec_s, stop.c_str(),
-                     drafter->name().c_str(), spec_opts->k, static_cast<long long>(r->target_steps),
+                     drafter->name().c_str(), k_text.c_str(), static_cast<long long>(r->target_steps),
                      static_cast<long long>(r->accepted), static_cast<long long>(r->drafted));
         s.print_streaming_stats();
         return 0;
@@ -409,7 +423,8 @@ const std::vector<cli::option_spec>& options() {
         {"drafter", "NAME", "speculative decoding (greedy): dspark (the --draft head), ngram (prompt lookup) or "
                             "oracle:RATE (the recorded greedy continuation, each token replaced with probability "
                             "RATE; for measurement)"},
-        {"spec-k", "K", "tokens drafted a step with --drafter, 0..5 (default 3)"},
+        {"spec-k", "K", "tokens drafted a step with --drafter: auto (the default: chosen per step from measured "
+                        "acceptance and step times, up to 5) or 0..5"},
     });
     return specs;
 }
@@ -417,7 +432,7 @@ const std::vector<cli::option_spec>& options() {
 const command kCommand{
     kName,
     "--model FILE.gguf (--prompt TEXT [--chat] | --prompt-tokens 1,2,3) [-n N] [--temp T] [--top-p P] [--top-k K] "
-    "[--min-p P] [--seed S] [--draft FILE.gguf] [--drafter dspark|ngram|oracle:RATE [--spec-k K]]",
+    "[--min-p P] [--seed S] [--draft FILE.gguf] [--drafter dspark|ngram|oracle:RATE [--spec-k auto|K]]",
     "Generates text from a prompt: prefills it in one forward, then decodes one token per step (greedy unless "
     "--temp is given), streaming the text to stdout as it is produced. Stops at the end-of-sequence token, after "
     "-n tokens, or at the context limit (runtime.context_tokens). A statistics line (prompt and generated tokens, "

@@ -127,7 +127,8 @@ PY
   plain=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 2>"$WORK/err") ||
     fail "generate -n 20: $(cat "$WORK/err")"
   for spec in "oracle:1.0 --spec-k 3" "oracle:0.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" \
-              "dspark --spec-k 5 --draft $WORK/d.gguf" "ngram --spec-k 0"; do
+              "dspark --spec-k 5 --draft $WORK/d.gguf" "oracle:0.0" "dspark --draft $WORK/d.gguf --spec-k auto" \
+              "ngram --spec-k 0"; do
     # shellcheck disable=SC2086
     got=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter $spec 2>"$WORK/err") ||
       fail "generate --drafter $spec: $(cat "$WORK/err")"

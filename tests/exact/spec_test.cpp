@@ -1,7 +1,10 @@
 // Greedy speculative decoding gives plain greedy decoding's tokens, whatever the drafter, its
 // acceptance and the draft length, and leaves the sequence as plain decoding does (the next
 // step's logits bit for bit), rejected rows rolled back.
+#include <algorithm>
+#include <array>
 #include <boost/test/unit_test.hpp>
+#include <random>
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
@@ -105,6 +108,81 @@ BOOST_AUTO_TEST_CASE(drafters_propose_what_they_should) {
     const auto wrong = never.propose(std::vector<int32_t>{1, 2, 3, 10}, 3);
     BOOST_TEST(wrong.size() == 3u);
     for (size_t i = 0; i < wrong.size(); ++i) BOOST_TEST((wrong[i] != 11 + int32_t(i) && wrong[i] >= 0 && wrong[i] < 100));
+}
+
+// The policy on synthetic machines: acceptance p per draft, a step of k drafts costing
+// base + row * k. It drafts long where rows are cheap and drafts are good, converges to plain
+// decoding where drafts are poor or every row costs a step (disk-bound), and follows a change.
+BOOST_AUTO_TEST_CASE(draft_policy_follows_acceptance_and_cost) {
+    struct machine {
+        double p, row;  // acceptance, cost of a row relative to a plain step
+    };
+    const auto simulate = [](spec::draft_policy& pol, machine m, int steps, uint32_t seed) {
+        std::mt19937 rng(seed);
+        std::uniform_real_distribution<double> u(0, 1);
+        std::array<int, 6> chosen{};
+        for (int s = 0; s < steps; ++s) {
+            const int k = pol.choose();
+            int acc = 0;
+            while (acc < k && u(rng) < m.p) ++acc;
+            pol.record(k, acc, 1.0 + m.row * k);
+            if (s >= steps / 2) ++chosen[size_t(k)];
+        }
+        return chosen;
+    };
+    const auto most = [](const std::array<int, 6>& c) { return int(std::max_element(c.begin(), c.end()) - c.begin()); };
+    {
+        spec::draft_policy pol;
+        const auto c = simulate(pol, {0.9, 0.05}, 400, 1);
+        BOOST_TEST(most(c) == 5);  // good drafts, cheap rows: the longest block
+        BOOST_TEST(pol.acceptance(1) > 0.8);
+    }
+    {
+        spec::draft_policy pol;
+        const auto c = simulate(pol, {0.1, 0.05}, 400, 2);
+        BOOST_TEST(most(c) == 0);  // poor drafts: plain decoding
+        BOOST_TEST(c[0] >= 170);   // (of 200: exploration aside)
+    }
+    {
+        spec::draft_policy pol;
+        const auto c = simulate(pol, {0.8, 1.0}, 400, 3);
+        BOOST_TEST(most(c) == 0);  // every row costs a step: nothing to gain
+    }
+    {
+        spec::draft_policy pol;
+        const auto c = simulate(pol, {0.7, 0.15}, 400, 4);
+        const int k = most(c);  // E(k)/T(k) peaks at k = 3 for p = 0.7, row = 0.15
+        BOOST_TEST((k >= 2 && k <= 4), "chose " << k);
+        // The machine turns disk-bound: the policy follows to plain decoding.
+        const auto after = simulate(pol, {0.7, 1.5}, 400, 5);
+        BOOST_TEST(most(after) == 0);
+    }
+}
+
+// The per-step policy gives plain greedy output too.
+BOOST_AUTO_TEST_CASE(auto_draft_length_gives_plain_output, *needs()) {
+    auto& m = fixture(kFx);
+    const auto prompt = prompt_ids(kFx, 40);
+    auto plain_seq = m.sequence();
+    const int32_t first = prefill(m, *plain_seq, prompt);
+    spec::ngram_drafter none;
+    std::vector<int32_t> plain;
+    BOOST_TEST_REQUIRE(spec::decode_greedy(*m.model, *plain_seq, first, 40, none, {}, plain).ok());
+    for (double rate : {0.0, 0.3, 1.0}) {
+        spec::oracle_drafter d(plain, 40, rate, int32_t(m.hp().vocab), 3);
+        spec::draft_policy pol;
+        spec::greedy_options o;
+        o.k = spec::draft_policy::kMaxK;
+        o.policy = &pol;
+        auto seq = m.sequence();
+        BOOST_TEST_REQUIRE(prefill(m, *seq, prompt) == first);
+        std::vector<int32_t> got;
+        auto s = spec::decode_greedy(*m.model, *seq, first, 40, d, o, got);
+        BOOST_TEST_REQUIRE(s.ok());
+        BOOST_TEST(got == plain, "oracle rate " << rate);
+        BOOST_TEST_MESSAGE("auto, oracle " << rate << ": " << s->target_steps << " steps, accepted " << s->accepted
+                                           << " of " << s->drafted << ", p1 " << pol.acceptance(1));
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
