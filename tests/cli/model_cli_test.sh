@@ -145,6 +145,14 @@ PY
   expect_fail 2 "rate in \[0, 1\]" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter oracle:2
   expect_fail 2 "--spec-k must be 0..5" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --spec-k 9
   expect_fail 2 "greedy only" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --temp 0.7
+  # bench spec: every drafter and draft length against plain decoding (it fails on any output that
+  # differs from plain greedy decoding).
+  out=$("$BIN" bench spec --model "$WORK/t.gguf" --draft "$WORK/d.gguf" -n 8 --prompt-tokens 16 --rounds 1 2>&1) ||
+    fail "bench spec: $out"
+  for row in "plain        0" "oracle:0.03  auto" "ngram        5" "dspark       3"; do
+    grep -q "^$row " <<<"$out" || fail "bench spec lacks the row '$row': $out"
+  done
+  expect_fail 2 "-n must be >= 2" "$BIN" bench spec --model "$WORK/t.gguf" -n 1
   expect_fail 2 "needs the draft head" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter dspark
   expect_fail 2 "--spec-k needs --drafter" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --spec-k 2
 
