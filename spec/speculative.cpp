@@ -48,7 +48,9 @@ result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& se
         const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++st.target_steps;
         st.drafted += int64_t(draft.size());
-        ++st.steps_by_k[std::min<size_t>(draft.size(), draft_policy::kMaxK)];
+        const size_t kd = std::min<size_t>(draft.size(), draft_policy::kMaxK);
+        ++st.steps_by_k[kd];
+        if (const int64_t ex = target.last_forward_experts(); ex >= 0) st.experts_by_k[kd] += ex, ++st.counted_by_k[kd];
         // Row i's choice follows rows[0..i]; draft token i + 1 stands while it equals row i's.
         int64_t j = 0;
         int32_t next = greedy_token(std::span<const float>(logits.data(), size_t(vocab)));

@@ -25,6 +25,9 @@ struct spec_stats {
     int64_t accepted = 0;      // of those, kept
     bool stopped = false;      // ended at the stop token
     std::array<int64_t, draft_policy::kMaxK + 1> steps_by_k{};  // target steps by tokens drafted
+    // Distinct experts the verification forwards loaded (summed over layers), by tokens
+    // drafted; steps whose routing the host did not see (slot tables) are not counted.
+    std::array<int64_t, draft_policy::kMaxK + 1> experts_by_k{}, counted_by_k{};
 };
 
 // The lowest index of the largest logit (the greedy choice; ties to the lower id).

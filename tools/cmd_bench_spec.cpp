@@ -41,6 +41,7 @@ struct config {
 struct figures {
     std::vector<double> tps;
     int64_t steps = 0, drafted = 0, accepted = 0;
+    int64_t experts = 0, counted = 0;  // distinct experts of the verification forwards (host-routed ones)
 };
 
 double median(std::vector<double> v) {
@@ -134,11 +135,13 @@ int run(const cli::args& a) {
                 auto& f = fig[ci];
                 f.tps.push_back(double(out.size()) / secs);
                 f.steps += st->target_steps, f.drafted += st->drafted, f.accepted += st->accepted;
+                for (size_t k = 0; k < st->experts_by_k.size(); ++k)
+                    f.experts += st->experts_by_k[k], f.counted += st->counted_by_k[k];
             }
         std::printf("\n%s prompt: tokens/s median (min-max) over rounds; ratio = median / plain's median\n",
                     repeat ? "repeating" : "non-repeating");
-        std::printf("%-12s %-5s %10s %17s %7s %9s %10s\n", "drafter", "k", "tok/s", "range", "ratio", "accepted",
-                    "steps/tok");
+        std::printf("%-12s %-5s %10s %17s %7s %9s %10s %13s\n", "drafter", "k", "tok/s", "range", "ratio", "accepted",
+                    "steps/tok", "experts/layer");
         const double base = median(fig[0].tps);
         for (size_t ci = 0; ci < configs.size(); ++ci) {
             const auto& f = fig[ci];
@@ -147,9 +150,12 @@ int run(const cli::args& a) {
             const std::string k = configs[ci].k < 0 ? "auto" : std::to_string(configs[ci].k);
             char acc[32];
             std::snprintf(acc, sizeof acc, "%.2f", f.drafted ? double(f.accepted) / double(f.drafted) : 0.0);
-            std::printf("%-12s %-5s %10.2f %8.2f-%-8.2f %7.3f %9s %10.3f\n", configs[ci].label().c_str(), k.c_str(), med,
-                        *lo, *hi, base > 0 ? med / base : 0.0, f.drafted ? acc : "-",
-                        double(f.steps) / double(*rounds * *n));
+            // The union a step loads: distinct experts over the layers (per layer: / n_layers).
+            char ex[32] = "-";
+            if (f.counted) std::snprintf(ex, sizeof ex, "%.1f", double(f.experts) / double(f.counted) / double(s.hp().n_layers));
+            std::printf("%-12s %-5s %10.2f %8.2f-%-8.2f %7.3f %9s %10.3f %13s\n", configs[ci].label().c_str(), k.c_str(),
+                        med, *lo, *hi, base > 0 ? med / base : 0.0, f.drafted ? acc : "-",
+                        double(f.steps) / double(*rounds * *n), ex);
         }
     }
     s.print_streaming_stats();

@@ -135,6 +135,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     detail::workspace& ws = *ws_;
     const detail::env env{hp, be_, experts_, opts_, ws};
     const int hc = hp.hc_mult;
+    ws.routed_experts = ws.layers_routed_on_backend = 0;
     const int64_t dim = hp.dim, hd = hp.head_dim;
 
     // ---- validate and lay out the rows ----
@@ -615,6 +616,10 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     logits.resize(size_t(n_out * hp.vocab));
     be_.download(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
     return {};
+}
+
+int64_t model::last_forward_experts() const {
+    return ws_->layers_routed_on_backend > 0 ? -1 : ws_->routed_experts;
 }
 
 }  // namespace moestream::dsv41

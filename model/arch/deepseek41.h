@@ -269,6 +269,11 @@ class model {
     status draft(const sequence_state& seq, int32_t next_token, draft_output& out,
                  std::span<const int32_t> forced = {});
 
+    // The distinct experts the last forward's rows routed to, summed over its MoE layers (the
+    // union a verification block loads); -1 when layers routed on the backend (slot tables),
+    // whose picks the host does not see.
+    int64_t last_forward_experts() const;
+
     // After a forward in which `seq` was the only item, and a truncate() that kept its row `row`
     // as the last one: the DSpark head's input becomes that row's features (speculative
     // decoding keeps an accepted prefix of a verification block). An error without a draft head.

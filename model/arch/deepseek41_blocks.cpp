@@ -251,6 +251,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     const int64_t inter = hp.moe_inter;
     if (table) {
         observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});
+        if (layer < e.hp.n_layers) ++ws.layers_routed_on_backend;
         return moe_through_slots(e, lw, *table, xe, n, k, inter, pair, limit, out, upd);
     }
     // The picks are the host's to schedule with (a few bytes).
@@ -273,6 +274,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     std::vector<int32_t>& needed = sc.needed;
     needed.assign(picks.begin(), picks.end());
     distinct(needed);
+    if (layer < hp.n_layers) ws.routed_experts += int64_t(needed.size());
     e.experts.need(layer, needed);
     if (look_ahead) {
         MS_ASSERT(next->exp_probs_b.size == n_experts);

@@ -29,6 +29,9 @@ struct hc_mix {
 struct workspace {
     explicit workspace(backend& b) : be(b) {}
     backend& be;
+    // The last forward's routing: the distinct experts of its rows summed over the host-routed
+    // MoE layers, and the MoE layers routed on the backend (whose picks the host never sees).
+    int64_t routed_experts = 0, layers_routed_on_backend = 0;
     barray<float> freqs_plain{be}, freqs_yarn{be};  // the RoPE tables (model::rope_freqs)
     // rows of the forward
     barray<int32_t> tokens{be};

@@ -78,6 +78,13 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
                 BOOST_TEST(got == plain, what);
                 BOOST_TEST(s->accepted <= s->drafted);
                 BOOST_TEST(s->target_steps + s->accepted == n - 1, what);  // every step yields one more
+                // The union a verification block loads: at least a row's k experts per layer, more
+                // with more rows (host-routed here: the mapping).
+                for (size_t kd = 0; kd < s->steps_by_k.size(); ++kd) {
+                    BOOST_TEST(s->counted_by_k[kd] == s->steps_by_k[kd]);
+                    if (s->counted_by_k[kd] > 0)
+                        BOOST_TEST(s->experts_by_k[kd] >= s->counted_by_k[kd] * m.hp().n_active * m.hp().n_layers);
+                }
                 if (d == &exact) BOOST_TEST(s->accepted == s->drafted, what);
                 if (d == &half && k > 1) BOOST_TEST(s->accepted < s->drafted, what);  // some were rejected
                 BOOST_TEST_MESSAGE(what << ": " << s->target_steps << " target steps, accepted " << s->accepted
