@@ -14,6 +14,7 @@
 
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
+#include "model/sampler.h"
 #include "spec/draft_policy.h"
 #include "spec/drafter.h"
 
@@ -48,5 +49,14 @@ struct greedy_options {
 // capacity, which needs room for the n tokens (the last is never fed) and a rollback of o.k.
 result<spec_stats> decode_greedy(dsv41::model& target, dsv41::sequence_state& seq, int32_t first, int64_t n,
                                  drafter& d, const greedy_options& o, std::vector<int32_t>& out);
+
+// Speculative sampling: as decode_greedy, but each row's token is the sampler's draw (one random
+// number a position, in order) and a draft token stands when the draw equals it. Drafts are
+// proposed with certainty, so a draft is accepted with the probability the sampler gives it and
+// the output is plain sampling's for the same seed, token for token (distribution-preserving and
+// reproducible whatever the draft lengths were). `first` was sampled from the prefill's logits
+// and not accepted yet: every emitted token goes into the sampler's history.
+result<spec_stats> decode_sampled(dsv41::model& target, dsv41::sequence_state& seq, int32_t first, int64_t n,
+                                  drafter& d, const greedy_options& o, sampler& smp, std::vector<int32_t>& out);
 
 }  // namespace moestream::spec

@@ -170,7 +170,7 @@ struct spec_choice {
     bool adaptive = false;  // --spec-k auto: the per-step policy (spec/draft_policy.h) chooses up to k
 };
 
-result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
+result<spec_choice> parse_spec(const cli::args& a) {
     spec_choice c;
     if (!a.has("drafter")) {
         if (a.has("spec-k")) return make_error("--spec-k needs --drafter");
@@ -192,7 +192,6 @@ result<spec_choice> parse_spec(const cli::args& a, bool greedy) {
     } else {
         return make_error(cat("--drafter must be ngram, oracle:RATE or dspark, got '", d, "'"));
     }
-    if (!greedy) return make_error("--drafter: speculative decoding is greedy only so far (no --temp)");
     const std::string k = a.get_or("spec-k", "auto");
     if (k == "auto") {
         c.adaptive = true;
@@ -229,7 +228,7 @@ int run(const cli::args& a) {
     if (*n_predict <= 0) return usage_error(kName, cat("-n/--n-predict must be > 0, got ", a.get_or("n-predict", "")));
     auto params = parse_sampling(a);
     if (!params) return usage_error(kName, params.message());
-    auto spec_opts = parse_spec(a, params->temperature <= 0);
+    auto spec_opts = parse_spec(a);
     if (!spec_opts) return usage_error(kName, spec_opts.message());
 
     // ---- model, tokenizer, prompt ----
@@ -285,9 +284,16 @@ int run(const cli::args& a) {
     if (auto st = s.model->forward({&prefill, 1}, logits); !st) return fail(kName, st.message());
     const double prefill_s = seconds_since(t_prefill);
 
-    // ---- speculative decoding: greedy, drafts verified k + 1 rows at a time ----
+    // ---- speculative decoding: drafts verified k + 1 rows at a time (greedy, or speculative
+    // sampling, which keeps the sampler's distribution) ----
     if (!spec_opts->drafter.empty()) {
-        const int32_t first = spec::greedy_token(logits);
+        const bool sampled = params->temperature > 0;
+        int32_t first = spec::greedy_token(logits);
+        if (sampled) {
+            auto r = smp.sample(logits);
+            if (!r) return fail(kName, r.message());
+            first = r->token;
+        }
         std::unique_ptr<spec::drafter> drafter;
         if (spec_opts->drafter == "ngram") {
             drafter = std::make_unique<spec::ngram_drafter>();
@@ -315,10 +321,13 @@ int run(const cli::args& a) {
         const auto t_spec = clock_type::now();
         // The last token is never fed: n tokens need n - 1 positions after the prompt.
         const int64_t n = std::min<int64_t>(*n_predict, capacity - int64_t(prompt.size()) + 1);
-        auto r = spec::decode_greedy(*s.model, *seq, first, n, *drafter, o, generated);
+        auto r = sampled ? spec::decode_sampled(*s.model, *seq, first, n, *drafter, o, smp, generated)
+                         : spec::decode_greedy(*s.model, *seq, first, n, *drafter, o, generated);
         const double spec_s = seconds_since(t_spec);
         out.finish();
         if (!r) return fail(kName, r.message());
+        const std::string sampling =
+            sampled ? cat("temp ", std::to_string(params->temperature), " seed ", std::to_string(params->seed)) : "greedy";
         // "auto (steps by drafted tokens 12/0/1/0/0/7)" or the fixed k.
         std::string k_text = std::to_string(spec_opts->k);
         if (spec_opts->adaptive) {
@@ -333,11 +342,11 @@ int run(const cli::args& a) {
                                                                                 " tokens reached (runtime.context_tokens, --ctx-size)");
         std::fprintf(stderr,
                      "prompt %zu tokens, prefill %.1f tok/s (%.3f s) | generated %zu tokens, decode %.1f tok/s "
-                     "(%.3f s) | stop: %s | greedy | drafter %s, k %s: target steps %lld, accepted %lld of %lld "
+                     "(%.3f s) | stop: %s | %s | drafter %s, k %s: target steps %lld, accepted %lld of %lld "
                      "drafted\n",
                      prompt.size(), prefill_s > 0 ? double(prompt.size()) / prefill_s : 0.0, prefill_s,
                      generated.size(), spec_s > 0 ? double(generated.size()) / spec_s : 0.0, spec_s, stop.c_str(),
-                     drafter->name().c_str(), k_text.c_str(), static_cast<long long>(r->target_steps),
+                     sampling.c_str(), drafter->name().c_str(), k_text.c_str(), static_cast<long long>(r->target_steps),
                      static_cast<long long>(r->accepted), static_cast<long long>(r->drafted));
         s.print_streaming_stats();
         return 0;
@@ -420,7 +429,7 @@ const std::vector<cli::option_spec>& options() {
         {"min-p", "P", "keep tokens with probability >= P times the top one (0: off, the default)"},
         {"seed", "S", "random seed of the sampler (default: a random one, printed at the end)"},
         {"draft", "FILE.gguf", "DSpark draft head (dflash); reports how many of its drafts the target agreed with"},
-        {"drafter", "NAME", "speculative decoding (greedy): dspark (the --draft head), ngram (prompt lookup) or "
+        {"drafter", "NAME", "speculative decoding (greedy, or speculative sampling with --temp): dspark (the --draft head), ngram (prompt lookup) or "
                             "oracle:RATE (the recorded greedy continuation, each token replaced with probability "
                             "RATE; for measurement)"},
         {"spec-k", "K", "tokens drafted a step with --drafter: auto (the default: chosen per step from measured "

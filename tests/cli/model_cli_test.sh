@@ -144,7 +144,12 @@ PY
   expect_fail 2 "--drafter must be" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter magic
   expect_fail 2 "rate in \[0, 1\]" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter oracle:2
   expect_fail 2 "--spec-k must be 0..5" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --spec-k 9
-  expect_fail 2 "greedy only" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --temp 0.7
+  # Speculative sampling: a seeded run is reproducible.
+  a1=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 12 --temp 0.8 --seed 5 --drafter oracle:0.2 2>"$WORK/err") ||
+    fail "generate --temp --drafter: $(cat "$WORK/err")"
+  grep -q "temp 0.8.*seed 5 | drafter oracle:0.20" "$WORK/err" || fail "sampled speculative statistics: $(cat "$WORK/err")"
+  a2=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 12 --temp 0.8 --seed 5 --drafter oracle:0.2 2>/dev/null)
+  [[ $a1 == "$a2" ]] || fail "seeded speculative sampling is not reproducible: '$a1' vs '$a2'"
   # bench spec: every drafter and draft length against plain decoding (it fails on any output that
   # differs from plain greedy decoding).
   out=$("$BIN" bench spec --model "$WORK/t.gguf" --draft "$WORK/d.gguf" -n 8 --prompt-tokens 16 --rounds 1 2>&1) ||

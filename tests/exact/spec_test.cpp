@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <array>
 #include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <map>
 #include <random>
 
 #include "../common/test_support.h"
@@ -11,6 +13,7 @@
 #include "spec/dspark_drafter.h"
 #include "spec/ngram_drafter.h"
 #include "spec/oracle_drafter.h"
+#include "model/sampler.h"
 #include "spec/speculative.h"
 
 namespace moestream::test {
@@ -190,6 +193,97 @@ BOOST_AUTO_TEST_CASE(auto_draft_length_gives_plain_output, *needs()) {
         BOOST_TEST_MESSAGE("auto, oracle " << rate << ": " << s->target_steps << " steps, accepted " << s->accepted
                                            << " of " << s->drafted << ", p1 " << pol.acceptance(1));
     }
+}
+
+// Speculative sampling preserves the distribution: over many seeded runs on the tiny model
+// (temperature 1, top-k 4), the second and third emitted tokens of speculative runs (drafts the
+// target often accepts, and drafts it always refuses) are distributed as plain sampling's, by a
+// two-sample chi-square test at the 0.999 level (other seeds than the plain runs'); and with the
+// same seed a speculative run emits plain sampling's tokens exactly.
+BOOST_AUTO_TEST_CASE(speculative_sampling_preserves_the_distribution, *needs()) {
+    auto& m = fixture(kFx);
+    const auto prompt = prompt_ids(kFx, 7);
+    auto base = m.sequence();
+    std::vector<float> prefill_logits;
+    {
+        dsv41::forward_item item{base.get(), prompt, false};
+        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, prefill_logits).ok());
+    }
+    const int32_t vocab = int32_t(m.hp().vocab);
+    std::vector<int32_t> greedy_cont;
+    {
+        auto seq = m.sequence();
+        seq->copy_from(*base);
+        spec::ngram_drafter none;
+        BOOST_TEST_REQUIRE(
+            spec::decode_greedy(*m.model, *seq, spec::greedy_token(prefill_logits), 4, none, {}, greedy_cont).ok());
+    }
+    sampling_params sp;
+    sp.temperature = 1.0f;
+    sp.top_k = 4;
+    // Tokens of one seeded run: plain (k 0) or with an oracle drafter at `rate`, k 2.
+    const auto run = [&](uint64_t seed, double rate, int k) {
+        sp.seed = seed;
+        sampler smp(sp, vocab);
+        smp.reset(prompt);
+        auto seq = m.sequence();
+        seq->copy_from(*base);
+        auto first = smp.sample(prefill_logits);
+        BOOST_TEST_REQUIRE(first.ok());
+        spec::oracle_drafter d(greedy_cont, int64_t(prompt.size()), rate, vocab, seed);
+        spec::greedy_options o;
+        o.k = k;
+        std::vector<int32_t> out;
+        auto st = spec::decode_sampled(*m.model, *seq, first->token, 3, d, o, smp, out);
+        BOOST_TEST_REQUIRE(st.ok());
+        return std::make_pair(out, *st);
+    };
+    constexpr int kTrials = 700;
+    std::vector<std::vector<int32_t>> plain;
+    for (int t = 0; t < kTrials; ++t) plain.push_back(run(1000 + t, 0, 0).first);
+    for (double rate : {0.0, 1.0}) {
+        std::vector<std::vector<int32_t>> spec_runs;
+        int64_t drafted = 0, accepted = 0;
+        for (int t = 0; t < kTrials; ++t) {
+            auto [out, st] = run(5000 + t, rate, 2);
+            spec_runs.push_back(out);
+            drafted += st.drafted, accepted += st.accepted;
+        }
+        BOOST_TEST_MESSAGE("oracle rate " << rate << ": accepted " << accepted << " of " << drafted);
+        BOOST_TEST(drafted > 0);
+        if (rate == 1.0) BOOST_TEST(accepted < drafted / 4);  // mostly refused: the residual draws
+        for (size_t pos : {size_t(1), size_t(2)}) {
+            std::map<int32_t, std::pair<double, double>> counts;
+            for (const auto& r : plain) counts[r[pos]].first += 1;
+            for (const auto& r : spec_runs) counts[r[pos]].second += 1;
+            // Bins of fewer than 10 runs together go into one.
+            double chi = 0, small_a = 0, small_b = 0;
+            int bins = 0;
+            const auto add = [&](double a, double b) {
+                chi += (a - b) * (a - b) / (a + b);
+                ++bins;
+            };
+            for (const auto& [tok, ab] : counts) {
+                if (ab.first + ab.second < 10) {
+                    small_a += ab.first, small_b += ab.second;
+                    continue;
+                }
+                add(ab.first, ab.second);
+            }
+            if (small_a + small_b > 0) add(small_a, small_b);
+            const double dof = std::max(1, bins - 1);
+            // Wilson-Hilferty: the chi-square quantile at 0.999 (z = 3.090).
+            const double q = dof * std::pow(1 - 2 / (9 * dof) + 3.090 * std::sqrt(2 / (9 * dof)), 3);
+            BOOST_TEST(chi < q, "rate " << rate << " token " << pos << ": chi-square " << chi << " over " << bins
+                                        << " bins, bound " << q);
+            BOOST_TEST_MESSAGE("rate " << rate << " token " << pos << ": chi-square " << chi << ", " << bins
+                                       << " bins, bound " << q);
+        }
+    }
+    // Same seed, same tokens as plain sampling, whatever is drafted.
+    for (uint64_t seed = 1; seed <= 40; ++seed)
+        for (auto [rate, k] : {std::pair<double, int>{0.0, 2}, {0.5, 1}, {1.0, 2}})
+            BOOST_TEST(run(seed, rate, k).first == run(seed, 0, 0).first, "seed " << seed << " rate " << rate);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
