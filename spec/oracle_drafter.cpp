@@ -2,18 +2,9 @@
 
 #include <cstdio>
 
+#include "model/sampler.h"
+
 namespace moestream::spec {
-namespace {
-
-uint64_t mix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
-}  // namespace
-
 oracle_drafter::oracle_drafter(std::vector<int32_t> continuation, int64_t prompt_len, double rate, int32_t vocab,
                                uint64_t seed)
     : continuation_(std::move(continuation)), prompt_len_(prompt_len), rate_(rate), vocab_(vocab), seed_(seed) {}
@@ -31,8 +22,9 @@ std::vector<int32_t> oracle_drafter::propose(std::span<const int32_t> context, i
         const int64_t i = pos - prompt_len_;
         if (i < 0 || i >= int64_t(continuation_.size())) break;
         int32_t t = continuation_[size_t(i)];
-        const uint64_t h = mix(seed_ ^ mix(uint64_t(pos)));
-        if (double(h >> 11) * 0x1.0p-53 < rate_) t = int32_t((uint64_t(t) + 1 + (h % uint64_t(vocab_ - 1))) % uint64_t(vocab_));
+        // The position's own stream of the sampler's generator: replaced or not, and by which.
+        sampler_rng rng(seed_ ^ (uint64_t(pos) * 0x9e3779b97f4a7c15ull));
+        if (rng.uniform() < rate_) t = int32_t((uint64_t(t) + 1 + rng.next() % uint64_t(vocab_ - 1)) % uint64_t(vocab_));
         out.push_back(t);
     }
     return out;

@@ -13,13 +13,9 @@ int32_t greedy_token(std::span<const float> logits) {
 
 namespace {
 
-// How a verification row's token is chosen: greedily, or by speculative sampling.
+// How a verification row's token is chosen: greedily, or by the sampler. A draft token stands
+// when the row before it chose it.
 struct greedy_rows {
-    status verify(std::span<const float> row, int32_t draft, bool& accepted, int32_t& token) {
-        token = greedy_token(row);
-        accepted = token == draft;
-        return {};
-    }
     status choose(std::span<const float> row, int32_t& token) {
         token = greedy_token(row);
         return {};
@@ -28,19 +24,13 @@ struct greedy_rows {
 };
 
 // A row's token is the sampler's draw, as plain sampling's (one random number a position, in
-// position order); a draft token stands when the draw equals it. With a drafter that proposes
+// position order), so a draft token stands when the draw equals it. With a drafter that proposes
 // tokens with certainty this is speculative sampling at its best coupling: a draft is accepted
 // with the probability the sampler gives it, and the output is plain sampling's output for the
 // same seed, token for token, whatever was drafted.
 struct sampled_rows {
     sampler& smp;
     sample_result r;
-    status verify(std::span<const float> row, int32_t draft, bool& accepted, int32_t& token) {
-        MS_TRY(smp.sample(row, r));
-        token = r.token;
-        accepted = token == draft;
-        return {};
-    }
     status choose(std::span<const float> row, int32_t& token) {
         MS_TRY(smp.sample(row, r));
         token = r.token;
@@ -92,21 +82,20 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         const size_t kd = std::min<size_t>(draft.size(), draft_policy::kMaxK);
         ++st.steps_by_k[kd];
         if (const int64_t ex = target.last_forward_experts(); ex >= 0) st.experts_by_k[kd] += ex, ++st.counted_by_k[kd];
-        // Row i verifies draft token i + 1 (it follows rows[0..i]); the first refused one gives the
-        // step's last token, and when every draft stands the row after them does. (A draft never
+        // Row i's choice follows rows[0..i]: draft token i + 1 stands when it equals it; the first
+        // that does not gives the step's last token, and when every draft stands the row after
+        // them does. (A draft never
         // reaches the n-th token, so accepting one never ends decoding; the stop token is never
         // accepted, so the sequence never consumes it.)
         int64_t j = 0;
         int32_t next = -1;
-        for (; j < int64_t(draft.size()); ++j) {
-            bool accepted = false;
-            MS_TRY(rows_choice.verify(row(j), draft[size_t(j)], accepted, next));
-            if (!accepted || next == o.stop_token) break;
+        for (;; ++j) {
+            MS_TRY(rows_choice.choose(row(j), next));
+            if (j == int64_t(draft.size()) || next != draft[size_t(j)] || next == o.stop_token) break;
             const bool more = emit(next);
             MS_ASSERT(more);
             context.push_back(next);
         }
-        if (j == int64_t(draft.size())) MS_TRY(rows_choice.choose(row(j), next));
         st.accepted += j;
         if (o.policy) o.policy->record(int(draft.size()), int(j), step_s);
         // The rows after the last accepted draft are forgotten; `next` came from row j.

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
 
@@ -142,11 +143,6 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     f.launches_per_token = double(f.decode_stats.launches) / double(n);
     f.expert_bytes_per_token = double(expert_bytes) / double(n);
     return f;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "spec/ngram_drafter.h"
 #include "spec/oracle_drafter.h"
 #include "spec/speculative.h"
+#include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
 
@@ -43,11 +44,6 @@ struct figures {
     int64_t steps = 0, drafted = 0, accepted = 0;
     int64_t experts = 0, counted = 0;  // distinct experts of the verification forwards (host-routed ones)
 };
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // Token ids of a prompt: `repeat` cycles a short phrase (prompt lookup finds it again), else a
 // deterministic spread over the vocabulary.
