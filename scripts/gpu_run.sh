@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -18,15 +18,18 @@ what=${*:-tests cli kernels decode}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [[ $what == *tests* ]]; then
-  (cd /tmp && timeout 120 "$G/bin/test_cuda" --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
+  (cd /tmp && timeout 120 "$G/bin/test_cuda" ${TESTS:+--run_test=$TESTS} --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
   summary+=("test_cuda exit $?: $(grep -E 'Test module|failure|error' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')")
+fi
+# forge needs the tokenizer (the decode and stream sections forge their models).
+if [[ -f $G/tokenizer.json.gz ]]; then
+  mkdir -p /tmp/moestream-deps/tokenizer-deepseek_v3/models
+  gunzip -c "$G/tokenizer.json.gz" > /tmp/moestream-deps/tokenizer-deepseek_v3/models/tokenizer.json
+  export MOESTREAM_DEPS_DIR=/tmp/moestream-deps
 fi
 if [[ $what == *cli* ]]; then
   # Start-up errors: one clear line, exit 1.
-  if [[ -f $G/tokenizer.json.gz ]]; then
-    mkdir -p /tmp/moestream-deps/tokenizer-deepseek_v3/models
-    gunzip -c "$G/tokenizer.json.gz" > /tmp/moestream-deps/tokenizer-deepseek_v3/models/tokenizer.json
-    export MOESTREAM_DEPS_DIR=/tmp/moestream-deps
+  if [[ -n ${MOESTREAM_DEPS_DIR:-} ]]; then
     "$BIN" forge --preset tiny --out /tmp/tiny.gguf > /dev/null
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --decode 4,5 --backend cuda --out /tmp/g.f32 > "$OUT/cli.log" 2>&1
     echo "logits --backend cuda exit $?" >> "$OUT/cli.log"
@@ -57,7 +60,7 @@ if [[ $what == *kernels* ]]; then
   summary+=("bench kernels exit $?")
 fi
 if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
-  for preset in mini-lite mini; do
+  for preset in ${PRESETS:-mini-lite mini}; do
     "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
     timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
     summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")

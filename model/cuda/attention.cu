@@ -2,8 +2,8 @@
 // backend's operations: each dot product takes value d of a 32-value chunk in lane d % 32, the
 // chunks in order, then the lanes in the CPU kernels' tree (warp_sum); the softmax's max, its
 // exponentials and its denominator summed in key order; each output value the keys' weighted
-// sum in key order. The only difference is exp (numeric::exp_float against glibc's expf, which
-// disagree in rare last bits).
+// sum over fixed 64-key chunks in order, then the chunks in order (the CPU: one run over the
+// keys), and exp (numeric::exp_float against glibc's expf, which disagree in rare last bits).
 #include "model/attention_keys.h"
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
@@ -11,8 +11,9 @@
 namespace moestream::cuda::kernels {
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
+constexpr int kChunkKeys = 64;  // keys a block of the scores and partial kernels takes
 
 // Key i of a row (ring keys, then fresh ones, then selected entries; n_sel valid ids).
 __device__ __forceinline__ const uint16_t* key_at(const attention_row& a, int64_t head_dim, int64_t i) {
@@ -23,64 +24,164 @@ __device__ __forceinline__ const uint16_t* key_at(const attention_row& a, int64_
     return a.latents + int64_t(a.selection[i]) * head_dim;
 }
 
-// dot(q, key) over head_dim values by one warp, in the CPU's lane order.
-__device__ __forceinline__ float key_dot(const float* q, const uint16_t* key, int64_t head_dim, int lane) {
-    float acc = 0.0f;
-    for (int64_t d = lane; d < head_dim; d += kWarp)
-        acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(key[key_word(d, head_dim)]), q[d]));
-    return warp_sum(acc);
+// The row's key count: the selection ends at its first negative id (found by the whole block).
+__device__ int64_t row_key_count(const attention_row& a) {
+    __shared__ unsigned long long first_invalid;
+    if (threadIdx.x == 0) first_invalid = (unsigned long long)a.selection_len;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < a.selection_len; i += blockDim.x)
+        if (a.selection[i] < 0) atomicMin(&first_invalid, (unsigned long long)i);
+    __syncthreads();
+    return a.ring_count + a.fresh_count + int64_t(first_invalid);
 }
 
-// One block per (row, head).
-__global__ void __launch_bounds__(kThreads) k_attention(const attention_row* __restrict__ rows, int n_heads,
-                                                        int64_t head_dim, float scale, const float* __restrict__ sinks,
-                                                        bool bf16_probs) {
-    extern __shared__ float smem[];
-    __shared__ int64_t n_keys_s;
-    __shared__ float inv_s;
-    const attention_row& a = rows[blockIdx.x / n_heads];
-    const int h = int(blockIdx.x % n_heads);
-    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
-    if (threadIdx.x == 0) {
-        int64_t n_sel = 0;
-        while (n_sel < a.selection_len && a.selection[n_sel] >= 0) ++n_sel;
-        n_keys_s = a.ring_count + a.fresh_count + n_sel;
+// The scores' max over [0, n) by the block (fmaxf: exact in any order), from -1e30 as the CPU.
+__device__ float block_max(const float* sc, int64_t n) {
+    __shared__ float red[32];
+    float m = -1e30f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, sc[i]);
+    m = warp_max(m);
+    const int warps = int(blockDim.x) / kWarp;
+    if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
+    __syncthreads();
+    m = red[0];
+    for (int w = 1; w < warps; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    return m;
+}
+
+// Decode attention in three launches, so that a row's keys spread over many blocks (one block a
+// (row, head), walking a 2k context's keys, was latency-bound at 55 us a layer on mini):
+//   scores:   (row, head, 64 keys) a block, a thread a key: dot(q, key) in registers, the 32
+//             lanes' accumulators of the CPU's pattern and its lane tree, so the bits of key_dot.
+//   partial:  (row, head, 64 keys): the max over all scores, the chunk's exp(s - max) (bf16 when
+//             the model rounds them), and Σ p v over the chunk's keys in order, per value.
+//   combine:  (row, head): the denominator (the sink's term, then every key's in order) and each
+//             value's chunk sums in order, times 1 / denominator.
+// So a value depends on the keys and the fixed 64-key chunks, never on the batch or the grid. The
+// CPU sums all keys in one run (cpu_backend.cpp): the two differ in the last bits of some values.
+__global__ void __launch_bounds__(kChunkKeys) k_attention_scores(const attention_row* __restrict__ rows, int n_heads,
+                                                                 int64_t head_dim, float scale, float* scores,
+                                                                 int64_t max_keys) {
+    extern __shared__ float q_s[];  // [head_dim]
+    const int64_t rh = blockIdx.x;
+    const attention_row& a = rows[rh / n_heads];
+    const int h = int(rh % n_heads);
+    const int64_t n_keys = row_key_count(a);
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_s[d] = a.q[h * head_dim + d];
+    __syncthreads();
+    const int64_t i = int64_t(blockIdx.y) * kChunkKeys + threadIdx.x;
+    if (i >= n_keys) return;
+    const uint16_t* key = key_at(a, head_dim, i);
+    float acc[kWarp];
+#pragma unroll
+    for (int l = 0; l < kWarp; ++l) acc[l] = 0.0f;
+    const bool aligned = (reinterpret_cast<uintptr_t>(key) & 15) == 0;
+    for (int64_t c0 = 0; c0 < head_dim; c0 += kWarp) {
+        if (c0 + kWarp <= head_dim && aligned) {
+            // A whole chunk: 32-bit word j holds value j (low half) and value j + 16.
+            const uint4* p = reinterpret_cast<const uint4*>(key + c0);
+            uint32_t w[16];
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const uint4 x = __ldg(p + v);
+                w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
+            }
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                acc[j] = __fadd_rn(acc[j], __fmul_rn(bf16_bits_value(w[j] & 0xffffu), q_s[c0 + j]));
+                acc[j + 16] = __fadd_rn(acc[j + 16], __fmul_rn(bf16_bits_value(w[j] >> 16), q_s[c0 + 16 + j]));
+            }
+        } else {
+#pragma unroll
+            for (int l = 0; l < kWarp; ++l) {
+                const int64_t d = c0 + l;
+                if (d < head_dim) acc[l] = __fadd_rn(acc[l], __fmul_rn(bf16_bits_value(key[key_word(d, head_dim)]), q_s[d]));
+            }
+        }
+    }
+    // warp_sum's butterfly: lane k meets lane k + 16, then + 8, + 4, + 2, + 1.
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1)
+#pragma unroll
+        for (int k = 0; k < o; ++k) acc[k] = __fadd_rn(acc[k], acc[k + o]);
+    scores[rh * max_keys + i] = __fmul_rn(acc[0], scale);
+}
+
+__global__ void __launch_bounds__(kThreads) k_attention_partial(const attention_row* __restrict__ rows, int n_heads,
+                                                                int64_t head_dim, bool bf16_probs, float* scores,
+                                                                float* probs, float* partial, int64_t max_keys) {
+    __shared__ float p_s[kChunkKeys];
+    __shared__ const uint16_t* key_s[kChunkKeys];
+    const int64_t rh = blockIdx.x;
+    const attention_row& a = rows[rh / n_heads];
+    const int64_t n_keys = row_key_count(a);
+    const int64_t i0 = int64_t(blockIdx.y) * kChunkKeys;
+    if (i0 >= n_keys) return;
+    const int64_t in_chunk = n_keys - i0 < kChunkKeys ? n_keys - i0 : kChunkKeys;
+    const float m = block_max(scores + rh * max_keys, n_keys);
+    if (threadIdx.x < in_chunk) {
+        const int64_t i = i0 + threadIdx.x;
+        const float p = numeric::exp_float(__fsub_rn(scores[rh * max_keys + i], m));
+        probs[rh * max_keys + i] = p;  // the denominator takes the unrounded values
+        p_s[threadIdx.x] = bf16_probs ? numeric::round_bf16(p) : p;
+        key_s[threadIdx.x] = key_at(a, head_dim, i);
     }
     __syncthreads();
-    const int64_t n_keys = n_keys_s;
+    float* out = partial + (rh * gridDim.y + blockIdx.y) * head_dim;
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
+        const int64_t word = key_word(d, head_dim);
+        float acc = 0.0f;
+        int k = 0;
+        for (; k + 16 <= in_chunk; k += 16) {
+            float v[16];
+#pragma unroll
+            for (int u = 0; u < 16; ++u) v[u] = bf16_bits_value(__ldg(key_s[k + u] + word));
+#pragma unroll
+            for (int u = 0; u < 16; ++u) acc = __fadd_rn(acc, __fmul_rn(p_s[k + u], v[u]));
+        }
+        for (; k < in_chunk; ++k) acc = __fadd_rn(acc, __fmul_rn(p_s[k], bf16_bits_value(__ldg(key_s[k] + word))));
+        out[d] = acc;
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) k_attention_combine(const attention_row* __restrict__ rows, int n_heads,
+                                                                int64_t head_dim, const float* __restrict__ sinks,
+                                                                const float* scores, const float* probs,
+                                                                const float* partial, int64_t max_keys, int chunks) {
+    __shared__ float inv_s;
+    const int64_t rh = blockIdx.x;
+    const attention_row& a = rows[rh / n_heads];
+    const int h = int(rh % n_heads);
+    const int64_t n_keys = row_key_count(a);
     float* out = a.out + h * head_dim;
     if (n_keys == 0) {  // no key visible: the output is zero (the sink alone carries no value)
-        for (int64_t d = threadIdx.x; d < head_dim; d += kThreads) out[d] = 0.0f;
+        for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) out[d] = 0.0f;
         return;
     }
-    float* p = smem;  // [n_keys]
-    const float* q = a.q + h * head_dim;
-    for (int64_t i = warp; i < n_keys; i += kWarps) {
-        const float dot = key_dot(q, key_at(a, head_dim, i), head_dim, lane);
-        if (lane == 0) p[i] = __fmul_rn(dot, scale);
-    }
-    __syncthreads();
-    // The softmax with its sink (cpu_backend.cpp softmax_with_sink): the scores' own max, the
-    // sink's term first in the denominator, then the keys in order.
+    const float m = block_max(scores + rh * max_keys, n_keys);
     if (threadIdx.x == 0) {
-        float m = -1e30f;
-        for (int64_t i = 0; i < n_keys; ++i) m = fmaxf(m, p[i]);
+        // The softmax's denominator (cpu_backend.cpp softmax_with_sink): the sink's term first.
+        const float* p = probs + rh * max_keys;
         float denom = numeric::exp_float(__fsub_rn(sinks[h], m));
-        for (int64_t i = 0; i < n_keys; ++i) {
-            p[i] = numeric::exp_float(__fsub_rn(p[i], m));
-            denom = __fadd_rn(denom, p[i]);
+        int64_t i = 0;
+        for (; i + 8 <= n_keys; i += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = p[i + u];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) denom = __fadd_rn(denom, v[u]);
         }
-        if (bf16_probs)
-            for (int64_t i = 0; i < n_keys; ++i) p[i] = numeric::round_bf16(p[i]);
+        for (; i < n_keys; ++i) denom = __fadd_rn(denom, p[i]);
         inv_s = __fdiv_rn(1.0f, denom);
     }
     __syncthreads();
     const float inv = inv_s;
-    for (int64_t d = threadIdx.x; d < head_dim; d += kThreads) {
-        const int64_t word = key_word(d, head_dim);
+    const int used = int((n_keys + kChunkKeys - 1) / kChunkKeys);
+    const float* part = partial + rh * chunks * head_dim;
+    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
         float acc = 0.0f;
-        for (int64_t i = 0; i < n_keys; ++i)
-            acc = __fadd_rn(acc, __fmul_rn(p[i], bf16_bits_value(key_at(a, head_dim, i)[word])));
+        for (int c = 0; c < used; ++c) acc = __fadd_rn(acc, part[c * head_dim + d]);
         out[d] = numeric::round_bf16(__fmul_rn(acc, inv));
     }
 }
@@ -111,23 +212,44 @@ __global__ void k_indexer_scores(const float* __restrict__ q, const float* __res
 
 size_t g_shared_limit = 48 << 10;
 
+int64_t chunks_of(int64_t max_keys) { return (std::max<int64_t>(max_keys, 1) + kChunkKeys - 1) / kChunkKeys; }
+
 }  // namespace
 
 void set_shared_memory_limit(size_t bytes) { g_shared_limit = bytes; }
 
+size_t attention_work_floats(int64_t n_rows, int n_heads, int64_t head_dim, int64_t max_keys) {
+    const int64_t rh = n_rows * n_heads, keys = std::max<int64_t>(max_keys, 1);
+    return size_t(rh * (2 * keys + chunks_of(max_keys) * head_dim));
+}
+
 cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows, int n_heads, int64_t head_dim,
-                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys) {
+                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys, float* work) {
     if (n_rows == 0) return cudaSuccess;
-    const size_t shared = size_t(std::max<int64_t>(max_keys, 1)) * sizeof(float);
-    if (shared > g_shared_limit) return cudaErrorInvalidValue;
-    if (shared > (48 << 10)) {
-        const cudaError_t e = cudaFuncSetAttribute(k_attention, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared));
+    const int64_t rh = n_rows * n_heads, keys = std::max<int64_t>(max_keys, 1), chunks = chunks_of(max_keys);
+    if (rh > int64_t(0x7fffffff) || chunks > 65535) return cudaErrorInvalidConfiguration;
+    const size_t q_bytes = size_t(head_dim) * sizeof(float);
+    if (q_bytes > g_shared_limit) return cudaErrorInvalidValue;
+    if (q_bytes > (48 << 10)) {
+        const cudaError_t e =
+            cudaFuncSetAttribute(k_attention_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, int(q_bytes));
         if (e != cudaSuccess) return e;
     }
-    const int64_t blocks = n_rows * n_heads;
-    if (blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
-    return launch_kernel(s, k_attention, dim3(unsigned(blocks)), dim3(kThreads), shared, rows, n_heads, head_dim,
-                         scale, sinks, bf16_probs);
+    float* scores = work;
+    float* probs = scores + rh * keys;
+    float* partial = probs + rh * keys;
+    const dim3 grid{unsigned(rh), unsigned(chunks)};
+    if (cudaError_t e = launch_kernel(s, k_attention_scores, grid, dim3(kChunkKeys), q_bytes, rows, n_heads, head_dim,
+                                      scale, scores, keys);
+        e != cudaSuccess)
+        return e;
+    if (cudaError_t e = launch_kernel(s, k_attention_partial, grid, dim3(kThreads), 0, rows, n_heads, head_dim,
+                                      bf16_probs, scores, probs, partial, keys);
+        e != cudaSuccess)
+        return e;
+    return launch_kernel(s, k_attention_combine, dim3(unsigned(rh)), dim3(kThreads), 0, rows, n_heads, head_dim, sinks,
+                         static_cast<const float*>(scores), static_cast<const float*>(probs),
+                         static_cast<const float*>(partial), keys, int(chunks));
 }
 
 cudaError_t indexer_scores(cudaStream_t s, const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,

@@ -186,6 +186,7 @@ class cuda_backend final : public backend {
         if (!graphs_ || capturing_) return;
         rec_.clear();
         ops_seen_ = 0;
+        segment_ = 0;
         stage_begin_ = stage_at_;
         step_recorder::active() = &rec_;
         capturing_ = true;
@@ -195,9 +196,7 @@ class cuda_backend final : public backend {
         if (!capturing_) return;
         step_recorder::active() = nullptr;
         capturing_ = false;
-        check(graph_.launch(rec_, host_stage_ + stage_begin_, dev_stage_ + stage_begin_, stage_at_ - stage_begin_,
-                            stream_),
-              "the step's CUDA graph");
+        launch_segment();
         step_launched_ = std::chrono::steady_clock::now();
         stats_.step_host_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(step_launched_ - step_began_).count());
         waiting_for_step_ = true;
@@ -410,9 +409,18 @@ class cuda_backend final : public backend {
             MS_ASSERT(a.ring_count >= 0 && a.fresh_count >= 0 && (a.ring_count == 0 || a.ring_capacity > 0));
             max_keys = std::max(max_keys, a.ring_count + a.fresh_count + a.selection_len);
         }
-        launch(kernels::attention(stream_, stage_span(rows), int64_t(rows.size()), n_heads, head_dim, scale, sinks,
-                                  bf16_probs, max_keys),
-               "attention");
+        // Rows in groups whose work buffer stays within kAttentionWorkBytes (a long prompt's
+        // prefill); a row's values never depend on its group.
+        constexpr size_t kAttentionWorkBytes = size_t(64) << 20;
+        const size_t per_row = kernels::attention_work_floats(1, n_heads, head_dim, max_keys) * sizeof(float);
+        const int64_t group = std::max<int64_t>(1, int64_t(kAttentionWorkBytes / per_row));
+        const attention_row* staged = stage_span(rows);
+        const int64_t n = int64_t(rows.size());
+        float* work = static_cast<float*>(scratch(k_scratch_attention, per_row * size_t(std::min(group, n))));
+        for (int64_t r0 = 0; r0 < n; r0 += group)
+            launch(kernels::attention(stream_, staged + r0, std::min(group, n - r0), n_heads, head_dim, scale, sinks,
+                                      bf16_probs, max_keys, work),
+                   "attention");
     }
     void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
                         int64_t n_keys, const int64_t* n_visible, float* scores) override {
@@ -520,7 +528,35 @@ class cuda_backend final : public backend {
             // Every launcher goes through kernels::launch_kernel, which records while a step is.
             MS_ASSERT_MSG(rec_.ops().size() > ops_seen_, "a kernel launched around the step recorder");
             ops_seen_ = rec_.ops().size();
+            maybe_launch_segment();
         }
+    }
+    // A step runs as it is recorded: every segment_ops() ops the part recorded so far is launched
+    // as a graph of its own (segment_ops()), so the device starts on the first layers while the host still
+    // records the last (the host's ~2 ms of a mini decode step hide behind the device's). Parts
+    // cut at fixed op counts, so the parts of a recurring step recur (and are reused) too. A part
+    // may end inside an op: the ops' staged descriptors all precede their kernels, and a part's
+    // head copy carries every byte staged before it.
+    // MOESTREAM_STEP_SEGMENT_OPS sets the part size (0: the whole step in one graph), to measure.
+    static size_t segment_ops() {
+        static const size_t n = [] {
+            const char* v = std::getenv("MOESTREAM_STEP_SEGMENT_OPS");
+            return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(192);
+        }();
+        return n;
+    }
+    void maybe_launch_segment() {
+        if (segment_ops() == 0 || rec_.ops().size() < segment_ops()) return;
+        launch_segment();
+        rec_.clear();
+        ops_seen_ = 0;
+        stage_begin_ = stage_at_;
+        ++segment_;
+    }
+    void launch_segment() {
+        check(graph_.launch(rec_, host_stage_ + stage_begin_, dev_stage_ + stage_begin_, stage_at_ - stage_begin_,
+                            stream_, segment_),
+              "the step's CUDA graph");
     }
     // Profiling: an event after the op just issued (the first after a wait is preceded by a
     // start event); gather_profile() adds the times up at the wait.
@@ -553,6 +589,7 @@ class cuda_backend final : public backend {
     void recorded_op(F&& record) {
         record();
         ops_seen_ = rec_.ops().size();
+        maybe_launch_segment();
     }
 
     // Room for `bytes` in the staging ring (its host half and its device twin share offsets).
@@ -582,7 +619,7 @@ class cuda_backend final : public backend {
     }
 
     // Grow-only device buffers the ops use internally.
-    enum scratch_slot { k_scratch_terms, k_scratch_mix, k_scratch_blocks, k_scratch_jobs, k_scratch_count };
+    enum scratch_slot { k_scratch_terms, k_scratch_mix, k_scratch_blocks, k_scratch_jobs, k_scratch_attention, k_scratch_count };
     void* scratch(scratch_slot slot, size_t bytes) {
         auto& s = scratch_[slot];
         if (bytes > s.bytes) {
@@ -610,6 +647,7 @@ class cuda_backend final : public backend {
     step_recorder rec_;
     step_graph graph_;
     size_t ops_seen_ = 0;     // ops recorded by the backend's own calls so far
+    int segment_ = 0;         // the part of the step being recorded
     size_t stage_begin_ = 0;  // the step's first staged byte
     std::chrono::steady_clock::time_point step_began_, step_launched_;
     bool waiting_for_step_ = false;

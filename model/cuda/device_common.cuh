@@ -40,11 +40,22 @@ __device__ __forceinline__ float warp_max(float v) {
 // 8/4/2/1 tree), bit for bit, by one warp (lanes 0..15 hold the lanes); every lane gets the sum.
 __device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane) {
     double acc = 0.0;
-    if (lane < 16)
-        for (int64_t i = lane; i < n; i += 16) {
+    if (lane < 16) {
+        // Eight loads in flight before their (ordered) adds: one at a time, a 4k-value row took
+        // 256 memory latencies.
+        int64_t i = lane;
+        for (; i + 7 * 16 < n; i += 8 * 16) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = x[i + u * 16];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc = __dadd_rn(acc, __dmul_rn(double(v[u]), double(v[u])));
+        }
+        for (; i < n; i += 16) {
             const double v = double(x[i]);
             acc = __dadd_rn(acc, __dmul_rn(v, v));
         }
+    }
 #pragma unroll
     for (int o = 8; o >= 1; o >>= 1) {
         const double other = __shfl_down_sync(kFullMask, acc, o);

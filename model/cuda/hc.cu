@@ -11,52 +11,87 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxHc = 8;
 
-// One warp per row: the RMS scale of the row's streams (all of them, one statistic), then lane 0
-// forms pre, post and comb exactly as cpu_backend::hc_mixes does.
+// The comb matrix of a row lives in one warp's registers: element e = i * hc + j in lane e % 32,
+// register e / 32 (hc <= 8: 64 elements, two registers). A line's sum reads its elements from
+// their lanes in the CPU's order (j ascending along a row, i ascending down a column), so every
+// Sinkhorn step is cpu_backend::hc_mixes's arithmetic, without a pass through memory (one lane
+// walking the matrix in global memory cost ~70 us a call; one lane with the matrix in
+// registers, ~35 us: the divisions of a line then run one after another).
+constexpr int kCombRegs = (kMaxHc * kMaxHc + kWarp - 1) / kWarp;
+
+__device__ __forceinline__ float comb_element(const float (&c)[kCombRegs], int e) {
+    e = e < kCombRegs * kWarp ? e : 0;  // lanes past the matrix read something harmless
+    float v = 0.0f;
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) {
+        const float x = __shfl_sync(kFullMask, c[t], e % kWarp);
+        if (e / kWarp == t) v = x;
+    }
+    return v;
+}
+
+// Each register's line sum (a row when stride is 1, a column when stride is hc), in order.
+__device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int (&first)[kCombRegs], int stride, int hc,
+                                          float (&sum)[kCombRegs]) {
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) sum[t] = 0.0f;
+    for (int k = 0; k < hc; ++k)
+#pragma unroll
+        for (int t = 0; t < kCombRegs; ++t) sum[t] = __fadd_rn(sum[t], comb_element(c, first[t] + k * stride));
+}
+
+// One warp per row: the RMS scale of the row's streams (all of them, one statistic), then pre,
+// post and comb exactly as cpu_backend::hc_mixes forms them.
 __global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc,
                            int64_t dim, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                            float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
-    if (r >= n) return;
+    if (r >= n) return;  // whole warps leave together
     const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane);
-    if (lane != 0) return;
-    const int n_mix = (2 + hc) * hc;
-    float m[(2 + kMaxHc) * kMaxHc];
-    for (int i = 0; i < n_mix; ++i) m[i] = __fmul_rn(mix_in[r * n_mix + i], s);
-    for (int k = 0; k < hc; ++k) {
-        pre[r * hc + k] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(m[k], scale[0]), base[k])), hc_eps);
-        post[r * hc + k] = __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(m[hc + k], scale[1]), base[hc + k])));
+    const int n_mix = (2 + hc) * hc, n_comb = hc * hc;
+    const float* m = mix_in + r * n_mix;
+    if (lane < hc) {
+        pre[r * hc + lane] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(m[lane], s), scale[0]), base[lane])), hc_eps);
+        post[r * hc + lane] = __fmul_rn(
+            2.0f, sigmoid(__fadd_rn(__fmul_rn(__fmul_rn(m[hc + lane], s), scale[1]), base[hc + lane])));
     }
-    float* C = comb + r * hc * hc;
-    for (int i = 0; i < hc; ++i) {
-        float mx = -__int_as_float(0x7f800000);
-        for (int j = 0; j < hc; ++j) {
-            C[i * hc + j] = __fadd_rn(__fmul_rn(m[2 * hc + i * hc + j], scale[2]), base[2 * hc + i * hc + j]);
-            mx = fmaxf(mx, C[i * hc + j]);
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < hc; ++j) {
-            C[i * hc + j] = numeric::exp_float(__fsub_rn(C[i * hc + j], mx));
-            sum = __fadd_rn(sum, C[i * hc + j]);
-        }
-        for (int j = 0; j < hc; ++j) C[i * hc + j] = __fadd_rn(__fdiv_rn(C[i * hc + j], sum), hc_eps);
+    float c[kCombRegs], sum[kCombRegs];
+    int row_first[kCombRegs], col_first[kCombRegs];
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) {
+        const int e = lane + t * kWarp;
+        row_first[t] = (e / hc) * hc;
+        col_first[t] = e % hc;
+        c[t] = e < n_comb ? __fadd_rn(__fmul_rn(__fmul_rn(m[2 * hc + e], s), scale[2]), base[2 * hc + e]) : 0.0f;
     }
-    const auto normalize_columns = [&] {
-        for (int j = 0; j < hc; ++j) {
-            float sum = 0.0f;
-            for (int i = 0; i < hc; ++i) sum = __fadd_rn(sum, C[i * hc + j]);
-            for (int i = 0; i < hc; ++i) C[i * hc + j] = __fdiv_rn(C[i * hc + j], __fadd_rn(sum, hc_eps));
+    // The rows' softmax: the max, exp(x - max), x / sum + eps.
+    float mx[kCombRegs];
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) mx[t] = -__int_as_float(0x7f800000);
+    for (int k = 0; k < hc; ++k)
+#pragma unroll
+        for (int t = 0; t < kCombRegs; ++t) mx[t] = fmaxf(mx[t], comb_element(c, row_first[t] + k));
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) c[t] = numeric::exp_float(__fsub_rn(c[t], mx[t]));
+    line_sums(c, row_first, 1, hc, sum);
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) c[t] = __fadd_rn(__fdiv_rn(c[t], sum[t]), hc_eps);
+    // Sinkhorn: columns, then (rows, columns) iters - 1 times, each x / (sum + eps).
+    for (int it = 0; it < (iters > 1 ? iters : 1); ++it) {
+        if (it > 0) {
+            line_sums(c, row_first, 1, hc, sum);
+#pragma unroll
+            for (int t = 0; t < kCombRegs; ++t) c[t] = __fdiv_rn(c[t], __fadd_rn(sum[t], hc_eps));
         }
-    };
-    normalize_columns();
-    for (int it = 1; it < iters; ++it) {
-        for (int i = 0; i < hc; ++i) {
-            float sum = 0.0f;
-            for (int j = 0; j < hc; ++j) sum = __fadd_rn(sum, C[i * hc + j]);
-            for (int j = 0; j < hc; ++j) C[i * hc + j] = __fdiv_rn(C[i * hc + j], __fadd_rn(sum, hc_eps));
-        }
-        normalize_columns();
+        line_sums(c, col_first, hc, hc, sum);
+#pragma unroll
+        for (int t = 0; t < kCombRegs; ++t) c[t] = __fdiv_rn(c[t], __fadd_rn(sum[t], hc_eps));
+    }
+#pragma unroll
+    for (int t = 0; t < kCombRegs; ++t) {
+        const int e = lane + t * kWarp;
+        if (e < n_comb) comb[r * n_comb + e] = c[t];
     }
 }
 

@@ -55,8 +55,9 @@ void step_graph::release(entry& e) {
     e = entry{};
 }
 
-bool step_graph::same_shape(const entry& e, const step_recorder& rec, bool staged) {
-    if (!e.exec || e.ops.size() != rec.ops().size() || (e.stage_bytes > 0) != staged) return false;
+bool step_graph::same_shape(const entry& e, const step_recorder& rec, bool staged, int segment) {
+    if (!e.exec || e.segment != segment || e.ops.size() != rec.ops().size() || (e.stage_bytes > 0) != staged)
+        return false;
     for (size_t i = 0; i < e.ops.size(); ++i) {
         const step_op &a = e.ops[i], &b = rec.ops()[i];
         if (a.what != b.what || a.func != b.func || a.n_args != b.n_args || a.direction != b.direction) return false;
@@ -167,11 +168,11 @@ cudaError_t step_graph::update(entry& e, const step_recorder& rec, const void* s
 }
 
 cudaError_t step_graph::launch(const step_recorder& rec, const void* stage_host, void* stage_dev, size_t stage_bytes,
-                               cudaStream_t s) {
+                               cudaStream_t s, int segment) {
     if (rec.ops().empty()) return cudaSuccess;
     entry* e = nullptr;
     for (auto& c : cache_)
-        if (same_shape(c, rec, stage_bytes > 0)) e = &c;
+        if (same_shape(c, rec, stage_bytes > 0, segment)) e = &c;
     cudaError_t err = cudaSuccess;
     if (e) {
         err = update(*e, rec, stage_host, stage_dev, stage_bytes);
@@ -194,6 +195,7 @@ cudaError_t step_graph::launch(const step_recorder& rec, const void* stage_host,
     e->args.assign(rec.args(), rec.args() + rec.args_size());
     e->arg_at = rec.arg_offsets();
     e->used = ++clock_;
+    e->segment = segment;
     if (cudaError_t le = cudaGraphLaunch(e->exec, s); le != cudaSuccess) return le;
     ++stats_.launches;
     return cudaSuccess;

@@ -27,9 +27,11 @@ class step_graph {
     ~step_graph();
 
     // Runs `rec`'s ops on `s` as a graph, after a copy of the staged bytes [host, host + bytes)
-    // to dev (none when bytes is 0). Errors are the CUDA call's that failed.
+    // to dev (none when bytes is 0). `segment`: which part of its step the recording is (a step
+    // is launched in parts as it is recorded); a part reuses only graphs of the same part. Errors
+    // are the CUDA call's that failed.
     cudaError_t launch(const step_recorder& rec, const void* stage_host, void* stage_dev, size_t stage_bytes,
-                       cudaStream_t s);
+                       cudaStream_t s, int segment = 0);
     const counters& stats() const { return stats_; }
     // Forgets every graph: their nodes may name memory that is about to be freed (the driver
     // resolves a copy's or a fill's memory when its node is set anew).
@@ -47,13 +49,14 @@ class step_graph {
         const void* stage_host = nullptr;
         void* stage_dev = nullptr;
         uint64_t used = 0;
+        int segment = 0;
     };
-    static bool same_shape(const entry& e, const step_recorder& rec, bool staged);
+    static bool same_shape(const entry& e, const step_recorder& rec, bool staged, int segment);
     cudaError_t build(entry& e, const step_recorder& rec, const void* stage_host, void* stage_dev, size_t stage_bytes);
     cudaError_t update(entry& e, const step_recorder& rec, const void* stage_host, void* stage_dev, size_t stage_bytes);
     static void release(entry& e);
 
-    entry cache_[8];
+    entry cache_[48];  // a few step shapes (decode, compressor steps, the draft) x their parts
     uint64_t clock_ = 0;
     counters stats_;
 };
