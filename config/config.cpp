@@ -123,6 +123,18 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
             else if (key == "request_timeout_s") MS_TRY(read_int(v, where, c.server.request_timeout_s));
             else if (key == "response_store_max") MS_TRY(read_int(v, where, c.server.response_store_max));
             else return make_error(where + " is not a known field");
+        } else if (section == "speculative") {
+            if (key == "drafter") MS_TRY(read_string(v, where, c.speculative.drafter));
+            else if (key == "k") {
+                std::string_view text;
+                if (v.get(text) == simdjson::SUCCESS) {
+                    if (text != "auto") return make_error(where + " must be \"auto\" or 0..5");
+                    c.speculative.k = spec_settings::k_auto;
+                } else {
+                    MS_TRY(read_int(v, where, c.speculative.k));
+                    if (c.speculative.k < 0) return make_error(where + " must be \"auto\" or 0..5");
+                }
+            } else return make_error(where + " is not a known field (drafter, k)");
         } else if (section == "log") {
             if (key == "level") MS_TRY(read_string(v, where, c.log.level));
             else return make_error(where + " is not a known field (level)");
@@ -193,14 +205,14 @@ result<moestream_config> apply_json(moestream_config c, std::string_view json, s
         return make_error(std::string(origin) + ": not valid JSON (" + simdjson::error_message(err) + ")");
     object top;
     if (root.get(top) != simdjson::SUCCESS) return make_error(std::string(origin) + ": must be a JSON object");
-    static constexpr std::string_view kSections[] = {"model", "cache", "io", "runtime", "server", "log", "paths"};
+    static constexpr std::string_view kSections[] = {"model", "cache", "io", "runtime", "server", "speculative", "log", "paths"};
     for (auto [key, v] : top) {
         if (key == "$comment" || key == "description") continue;
         bool known = false;
         for (auto s : kSections) known |= (s == key);
         if (!known)
             return make_error(std::string(origin) + ": '" + std::string(key) +
-                              "' is not a known section (model, cache, io, runtime, server, log, paths)");
+                              "' is not a known section (model, cache, io, runtime, server, speculative, log, paths)");
         object obj;
         if (v.get(obj) != simdjson::SUCCESS)
             return make_error(std::string(origin) + ": section '" + std::string(key) + "' must be an object");
@@ -243,6 +255,11 @@ status validate(const moestream_config& c) {
         return bad("server.response_store_max", "must be between 0 (keep none) and 1000000");
     for (const auto& k : c.server.api_keys)
         if (k.empty()) return bad("server.api_keys", "must not contain an empty key");
+    const auto& d = c.speculative.drafter;
+    if (d != "auto" && d != "dspark" && d != "ngram" && d != "none")
+        return bad("speculative.drafter (--drafter)", "must be auto, dspark, ngram or none, not '" + d + "'");
+    if (c.speculative.k != spec_settings::k_auto && (c.speculative.k < 0 || c.speculative.k > 5))
+        return bad("speculative.k (--spec-k)", "must be auto or 0..5");
     static constexpr std::string_view kLevels[] = {"trace", "debug", "info", "warn", "error", "off"};
     bool level_ok = false;
     for (auto l : kLevels) level_ok |= (l == c.log.level);
@@ -292,6 +309,25 @@ result<moestream_config> load_config(const cli::args& a) {
     return c;
 }
 
+status apply_spec_flags(const cli::args& a, spec_settings& s) {
+    spec_settings out = s;
+    if (auto d = a.get("drafter")) out.drafter = *d;
+    if (auto k = a.get("spec-k")) {
+        if (*k == "auto") {
+            out.k = spec_settings::k_auto;
+        } else {
+            auto v = cli::parse_int(*k, "--spec-k");
+            if (!v) return v.err();
+            out.k = *v;
+        }
+    }
+    moestream_config probe;
+    probe.speculative = out;
+    MS_TRY(validate(probe));
+    s = out;
+    return {};
+}
+
 std::string to_json(const moestream_config& c) {
     std::ostringstream o;
     o << "{\n  \"model\": {\"path\": " << json_escape(c.model.path)
@@ -312,6 +348,10 @@ std::string to_json(const moestream_config& c) {
       << ", \"body_bytes_max\": " << c.server.body_bytes_max << ", \"wait_queue_max\": " << c.server.wait_queue_max
       << ", \"request_timeout_s\": " << c.server.request_timeout_s
       << ", \"response_store_max\": " << c.server.response_store_max << "},\n"
+      << "  \"speculative\": {\"drafter\": " << json_escape(c.speculative.drafter) << ", \"k\": ";
+    if (c.speculative.k == spec_settings::k_auto) o << "\"auto\"";
+    else o << c.speculative.k;
+    o << "},\n"
       << "  \"log\": {\"level\": " << json_escape(c.log.level) << "},\n"
       << "  \"paths\": {\"deps_dir\": " << json_escape(c.paths.deps_dir) << "}\n}\n";
     return o.str();

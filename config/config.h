@@ -64,6 +64,17 @@ struct server_settings {
     int64_t response_store_max = 256;  // /v1/responses kept for previous_response_id (0: none)
 };
 
+// Speculative decoding while serving (scheduler/engine_spec.h, docs/speculative.md).
+struct spec_settings {
+    static constexpr int64_t k_auto = -1;
+    // auto: dspark when a draft head is loaded (--draft), else none; dspark, ngram, none.
+    std::string drafter = "auto";
+    int64_t k = k_auto;  // tokens drafted a step: auto (chosen per step, up to 5) or 0..5
+};
+
+// --drafter / --spec-k over `s` (serve's flags; generate parses its own, with oracle:RATE).
+status apply_spec_flags(const cli::args& a, spec_settings& s);
+
 struct log_settings {
     std::string level = "info";  // trace, debug, info, warn, error, off
 };
@@ -78,6 +89,7 @@ struct moestream_config {
     io_settings io;
     runtime_settings runtime;
     server_settings server;
+    spec_settings speculative;
     log_settings log;
     paths_settings paths;
 };

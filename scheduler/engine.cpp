@@ -1,5 +1,6 @@
 #include "scheduler/engine.h"
 
+#include "scheduler/engine_active.h"
 #include "scheduler/event_outbox.h"
 
 #include <boost/asio/co_spawn.hpp>
@@ -26,18 +27,6 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 double seconds(steady::duration d) { return std::chrono::duration<double>(d).count(); }
-
-// `row` with the tokens the constraint forbids at -inf, into `out`; false when it allows none.
-bool constrain_row(const token_constraint& c, std::span<const float> row, std::vector<uint8_t>& mask,
-                   std::vector<float>& out) {
-    c.allowed(mask);
-    bool any = false;
-    for (size_t v = 0; v < row.size(); ++v) {
-        out[v] = mask[v] ? row[v] : -std::numeric_limits<float>::infinity();
-        any |= mask[v] != 0;
-    }
-    return any;
-}
 
 // The log-probability of `token` in `row` (log-softmax) and the `n` most likely tokens.
 prompt_score score_row(std::span<const float> row, int32_t token, int32_t n) {
@@ -67,28 +56,14 @@ prompt_score score_row(std::span<const float> row, int32_t token, int32_t n) {
 }
 }  // namespace
 
-struct engine::active {
-    generation_request req;
-    std::shared_ptr<generation> gen;
-    std::unique_ptr<dsv41::sequence_state> seq;  // from states_, returned there when finished
-    std::unique_ptr<sampler> sample;
-    int64_t prompt_done = 0;   // prompt tokens already in the sequence
-    int64_t cached = 0;        // of those, reused from another state
-    int32_t next = -1;         // sampled, not yet fed
-    int64_t generated = 0;
-    std::vector<prompt_score> scores;  // score_prompt: what is scored so far, until sent
-    sample_result scratch;
-    // For a constrained request (allocated at submit): the allowed tokens and the masked row.
-    std::vector<uint8_t> allowed;
-    std::vector<float> constrained_row;
-    steady::time_point submitted;
-    std::optional<steady::time_point> scheduled, first_token;
-};
-
 engine::engine(dsv41::model& model, engine_options opts)
     : model_(model), opts_(opts), strand_(asio::make_strand(io_)), wake_(strand_) {
     MS_ASSERT(opts_.max_sequences >= 1 && opts_.max_waiting >= 0 && opts_.prefill_chunk >= 1 &&
               opts_.context_tokens >= 2 && opts_.cached_sequences >= 0 && opts_.rollback >= 0);
+    MS_ASSERT_MSG(validate(opts_.spec, model_).ok(), "engine_options::spec passes validate()");
+    spec_ = std::make_unique<engine_speculation>(model_, opts_.spec);
+    // Rejected drafts are rolled back within the step.
+    MS_ASSERT(!spec_->on() || opts_.rollback >= opts_.spec.k);
     prefix_pool_options po;
     po.running = opts_.max_sequences;
     po.cached = opts_.cached_sequences;
@@ -170,6 +145,8 @@ void engine::stamp(const active& a, token_event& e) const {
     e.prompt_tokens = int64_t(a.req.prompt.size());
     e.cached_tokens = a.cached;
     e.completion_tokens = a.generated;
+    e.draft_n = a.drafted;
+    e.draft_n_accepted = a.accepted;
     e.queue_s = seconds(a.scheduled.value_or(now) - a.submitted);
     if (a.scheduled) e.prefill_s = seconds(a.first_token.value_or(now) - *a.scheduled);
     if (a.first_token) e.decode_s = seconds(now - *a.first_token);
@@ -206,6 +183,8 @@ void engine::admit() {
         auto g = states_->acquire(a->req.prompt, a->req.reuse_prefix, others);
         a->seq = std::move(g.state);
         a->prompt_done = a->cached = g.reused;
+        a->spec_cap = spec_->cap(a->req.spec_max);
+        if (a->spec_cap > 0) a->drafter = spec_->drafter_for(a->req.prompt, *a->seq);
         MS_ASSERT(a->seq->size() == a->prompt_done && a->prompt_done < int64_t(a->req.prompt.size()));
         if (a->req.reuse_prefix) {
             std::lock_guard lock(stats_mu_);
@@ -246,12 +225,38 @@ asio::awaitable<void> engine::step_loop() {
             co_await wake_.async_wait(asio::redirect_error(asio::use_awaitable, ec));
             continue;
         }
-        // One forward over every running sequence: a prompt chunk or the last sampled token.
-        std::vector<dsv41::forward_item> items;
-        std::vector<int64_t> fed;
+        // One forward over every running sequence: a prompt chunk, or the last sampled token and
+        // its drafts. Speculation: one draft length for the step (scheduler/engine_spec.h), and
+        // each decoding sequence's drafts, proposed on the compute thread (the DSpark head runs
+        // the model there).
         const auto step_start = steady::now();
+        bool any_prompt = false;
+        std::vector<active*> drafting;
         for (auto& a : running_) {
             if (!a->scheduled) a->scheduled = step_start;
+            const bool decoding = a->prompt_done == int64_t(a->req.prompt.size());
+            any_prompt |= !decoding;
+            if (!decoding) continue;
+            a->rows.assign(1, a->next);
+            if (a->drafter) drafting.push_back(a.get());
+        }
+        const int step_k = drafting.empty() ? 0 : spec_->choose();
+        double draft_s = 0;
+        if (step_k > 0) {
+            const auto draft_start = steady::now();
+            co_await asio::co_spawn(
+                compute_,
+                [&]() -> asio::awaitable<void> {
+                    for (active* a : drafting) draft(*a, step_k);
+                    co_return;
+                },
+                asio::use_awaitable);
+            draft_s = seconds(steady::now() - draft_start);
+        }
+        std::vector<dsv41::forward_item> items;
+        std::vector<int64_t> fed;
+        int most_drafted = 0;
+        for (auto& a : running_) {
             if (a->prompt_done < int64_t(a->req.prompt.size())) {
                 const bool scored = a->req.score_prompt;
                 const int64_t chunk =
@@ -261,14 +266,23 @@ asio::awaitable<void> engine::step_loop() {
                 items.push_back({a->seq.get(), tokens, scored});
                 fed.push_back(n);
             } else {
-                items.push_back({a->seq.get(), std::span<const int32_t>(&a->next, 1), false});
+                // Verification rows (several) need every row's logits.
+                items.push_back({a->seq.get(), a->rows, a->rows.size() > 1});
                 fed.push_back(0);
+                most_drafted = std::max(most_drafted, int(a->rows.size()) - 1);
             }
         }
-        // Where each item's logits start: one row each, or every row of a scored prompt chunk.
+        // Where each item's logits start: one row each, or every row of a scored prompt chunk or
+        // of a verification.
         std::vector<size_t> first_row(items.size() + 1, 0);
-        for (size_t i = 0; i < items.size(); ++i)
-            first_row[i + 1] = first_row[i] + (items[i].all_logits ? items[i].tokens.size() : 1);
+        const auto place_rows = [&] {
+            for (size_t i = 0; i < items.size(); ++i)
+                first_row[i + 1] = first_row[i] + (items[i].all_logits ? items[i].tokens.size() : 1);
+        };
+        place_rows();
+        // Where each item's rows start in the batch (a draft head's features are per row).
+        std::vector<int64_t> batch_row(items.size() + 1, 0);
+        for (size_t i = 0; i < items.size(); ++i) batch_row[i + 1] = batch_row[i] + int64_t(items[i].tokens.size());
         std::vector<float> logits;
         const forward_waits waits_before = opts_.waits ? opts_.waits() : forward_waits{};
         const auto forward_start = steady::now();
@@ -276,11 +290,19 @@ asio::awaitable<void> engine::step_loop() {
         // strand awaits its completion.
         const status st = co_await asio::co_spawn(
             compute_, [&]() -> asio::awaitable<status> { co_return model_.forward(items, logits); }, asio::use_awaitable);
+        const int64_t step_experts = st ? model_.last_forward_experts() : -1;
         // A failed forward changed no sequence. The cause may concern only some of them (an
-        // expert only one of them routed to could not be read): run each alone once, so only
+        // expert only one of them routed to could not be read): run each alone once, without
+        // its drafts (a draft head continues from the rows of the forward it was in), so only
         // the requests that hit the fault fail.
         std::vector<std::string> failed(running_.size());
         if (!st) {
+            for (size_t i = 0; i < running_.size(); ++i)
+                if (fed[i] == 0 && running_[i]->rows.size() > 1) {
+                    running_[i]->rows.resize(1);
+                    items[i] = {running_[i]->seq.get(), running_[i]->rows, false};
+                }
+            place_rows();
             logits.assign(first_row.back() * size_t(hp.vocab), 0.0f);
             for (size_t i = 0; i < running_.size(); ++i) {
                 std::vector<float> one;
@@ -298,8 +320,8 @@ asio::awaitable<void> engine::step_loop() {
             split.experts_s = std::max(0.0, w.experts_s - waits_before.experts_s);
             split.engram_s = std::max(0.0, w.engram_s - waits_before.engram_s);
             split.copy_s = std::max(0.0, w.copy_s - waits_before.copy_s);
-            split.compute_s =
-                std::max(0.0, seconds(forward_end - forward_start) - split.experts_s - split.engram_s - split.copy_s);
+            split.compute_s = draft_s + std::max(0.0, seconds(forward_end - forward_start) - split.experts_s -
+                                                          split.engram_s - split.copy_s);
         }
         {
             std::lock_guard lock(stats_mu_);
@@ -307,14 +329,21 @@ asio::awaitable<void> engine::step_loop() {
             stats_.busy_s += seconds(steady::now() - step_start);
             stats_.decode_rows += uint64_t(items.size());
             for (const auto& a : running_) stats_.tokens_max = std::max(stats_.tokens_max, uint64_t(a->seq->size()));
+            if (step_experts >= 0) {
+                const size_t kind = any_prompt ? engine_stats::prefill_step
+                                    : most_drafted > 0 ? engine_stats::verify_step
+                                                       : engine_stats::decode_step;
+                stats_.step_experts[kind] += uint64_t(step_experts);
+                ++stats_.step_experts_steps[kind];
+            }
+            if (st && most_drafted > 0) ++stats_.spec_steps;
         }
+        // The policy learns the step's cost when the step was all decoding (prompt rows cost
+        // what the prompt costs), drafting included.
+        if (!drafting.empty() && !any_prompt && st) spec_->record_step(most_drafted, seconds(forward_end - step_start));
         std::vector<std::unique_ptr<active>> still_running;
         for (size_t i = 0; i < running_.size(); ++i) {  // rows first_row[i].. of the logits are running_[i]'s
             active& a = *running_[i];
-            // The row that predicts the next token: the item's last.
-            std::span<const float> row(logits.data() + (first_row[i + 1] - 1) * size_t(hp.vocab), size_t(hp.vocab));
-            bool done = false;
-            std::string reason;
             if (!failed[i].empty()) {
                 finish(a, "error: " + failed[i], false);
                 std::lock_guard lock(stats_mu_);
@@ -334,51 +363,19 @@ asio::awaitable<void> engine::step_loop() {
                 a.prompt_done += fed[i];
                 std::lock_guard lock(stats_mu_);
                 stats_.prompt_tokens += uint64_t(fed[i]);
-            } else {
-                a.sample->accept(a.next);
             }
-            MS_ASSERT(a.seq->size() == a.prompt_done + a.generated);  // every emitted token was fed
+            const int64_t drafts = fed[i] > 0 ? 0 : int64_t(a.rows.size()) - 1;
+            // Every emitted token but the last was fed before; the last and the drafts just now.
+            MS_ASSERT(a.seq->size() == a.prompt_done + a.generated + drafts);
+            std::string reason;
             if (a.prompt_done == int64_t(a.req.prompt.size()) && a.req.prompt_only) {
                 a.first_token = steady::now();
-                done = true;
                 reason = "length";
             } else if (a.prompt_done == int64_t(a.req.prompt.size())) {
-                const bool first = !a.first_token;
-                if (first) a.first_token = steady::now();
-                token_constraint* constraint = a.req.constraint.get();
-                std::span<const float> candidates = row;
-                if (constraint) candidates = a.constrained_row;
-                if (constraint && !constrain_row(*constraint, row, a.allowed, a.constrained_row)) {
-                    done = true;
-                    reason = "error: the output constraint allows no token";
-                } else if (auto s = a.sample->sample(candidates, a.scratch); !s) {
-                    done = true;
-                    reason = "error: " + s.message();
-                } else if (std::find(a.req.stop_tokens.begin(), a.req.stop_tokens.end(), a.scratch.token) !=
-                           a.req.stop_tokens.end()) {
-                    done = true;
-                    reason = "stop";
-                } else {
-                    if (constraint) constraint->accept(a.scratch.token);
-                    a.next = a.scratch.token;
-                    ++a.generated;
-                    token_event e;
-                    e.token = a.next;
-                    e.logprob = a.scratch.logprob;
-                    if (a.req.sampling.n_probs > 0) e.top = a.scratch.top;
-                    if (first) e.prompt_scores = std::move(a.scores);
-                    stamp(a, e);
-                    outbox_->send(a.gen, std::move(e));
-                    {
-                        std::lock_guard lock(stats_mu_);
-                        ++stats_.generated_tokens;
-                    }
-                    if (constraint && constraint->done()) done = true, reason = "stop";
-                    else if (a.req.max_tokens > 0 && a.generated >= a.req.max_tokens) done = true, reason = "length";
-                    else if (a.seq->size() + 1 >= opts_.context_tokens) done = true, reason = "context";
-                }
+                // The rows to sample: a prompt chunk's last, or the verification rows in order.
+                reason = sample_rows(a, logits, fed[i] > 0 ? first_row[i + 1] - 1 : first_row[i], batch_row[i], drafts);
             }
-            if (done) {
+            if (!reason.empty()) {
                 // A sampling error leaves the state consistent too, but is not kept, as above.
                 finish(a, reason, reason.rfind("error", 0) != 0);
                 std::lock_guard lock(stats_mu_);
@@ -389,7 +386,7 @@ asio::awaitable<void> engine::step_loop() {
         }
         running_ = std::move(still_running);
         split.total_s = seconds(steady::now() - step_start);
-        split.scheduler_s = std::max(0.0, split.total_s - seconds(forward_end - forward_start));
+        split.scheduler_s = std::max(0.0, split.total_s - seconds(forward_end - forward_start) - draft_s);
         {
             std::lock_guard lock(stats_mu_);
             stats_.time.add(split);

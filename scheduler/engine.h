@@ -12,8 +12,17 @@
 // steps), and only the rest of its prompt is processed. Every sequence state is allocated once,
 // at construction (max_sequences running + cached_sequences kept); see scheduler/engine_prefix.h.
 // A reused prefix gives the same bits as processing it again, so reuse never changes tokens.
+//
+// Speculative decoding (engine_options::spec, docs/speculative.md): a decoding sequence feeds
+// its sampled token and up to k drafted ones, its k + 1 verification rows in the same forward
+// as everyone's; its sampler walks the rows (spec/verify.h), each token is delivered as it
+// stands, and the rows after the last draft that stood are rolled back before the step ends, so
+// every state is still consistent between steps. One draft length a step for the whole batch
+// (scheduler/engine_spec.h says why); greedy output is plain decoding's token for token, sampled
+// output plain sampling's for the same seed.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -31,6 +40,7 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/sampler.h"
+#include "scheduler/engine_spec.h"
 #include "scheduler/token_constraint.h"
 
 namespace moestream {
@@ -56,6 +66,9 @@ struct generation_request {
     bool score_prompt = false;
     // Processes the prompt and ends ("length") without generating (max_tokens 0).
     bool prompt_only = false;
+    // Speculative decoding (engine_options::spec): the most tokens drafted a step for this
+    // request, within the engine's; -1: the engine's, 0: none (llama-server's speculative.n_max).
+    int64_t spec_max = -1;
     static constexpr int64_t k_score_chunk = 32;
 };
 
@@ -77,6 +90,9 @@ struct token_event {
     // Counts so far, on every event: the prompt's tokens, how many of them came from a reused
     // state (not processed again), tokens emitted.
     int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    // Speculative decoding so far: tokens drafted for the request and how many of them stood
+    // (llama-server's draft_n, draft_n_accepted); both 0 without speculation.
+    int64_t draft_n = 0, draft_n_accepted = 0;
     // Seconds on the steady clock, on every event: queue = submitted -> the first step that
     // included the request (-> now while never scheduled); prefill = that step -> the first
     // token was sampled (-> now before it); decode = the first token -> this event.
@@ -131,6 +147,8 @@ struct engine_options {
     int64_t rollback = 64;            // how far back a kept state can be truncated to serve a prefix
     // Where the per-step time split reads the waits from; null: all forward time is compute.
     std::function<forward_waits()> waits;
+    // Speculative decoding of the decoding sequences (scheduler/engine_spec.h); off by default.
+    speculation_options spec;
 };
 
 struct engine_stats {
@@ -145,6 +163,16 @@ struct engine_stats {
     uint64_t decode_rows = 0;  // sequences in each forward, summed (/ steps = mean batch)
     step_split time;           // every step's split, summed
     step_split last_step;      // the latest step's
+    // Speculative decoding: drafts (one sequence's tokens drafted in one step, at least one),
+    // the tokens drafted and accepted, accepted by draft position (1..5), engine steps that
+    // verified drafts, proposals that failed (decoding went on without drafts).
+    uint64_t spec_drafts = 0, spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_steps = 0, spec_failures = 0;
+    std::array<uint64_t, 5> spec_accepted_by_position{};
+    // The union of a step's routed experts (model::last_forward_experts: distinct experts summed
+    // over the MoE layers), summed over the steps whose routing the host saw, and those steps, by
+    // kind: steps with prompt rows, steps verifying drafts, other decode steps.
+    enum step_kind { prefill_step, verify_step, decode_step };
+    std::array<uint64_t, 3> step_experts{}, step_experts_steps{};
 };
 
 class event_outbox;
@@ -169,9 +197,18 @@ class engine {
     void admit();
     void finish(active& a, std::string reason, bool keep_state);
     void stamp(const active& a, token_event& e) const;
+    // Speculation (engine_rows.cpp): a decoding sequence's drafts for a step of at most k, after
+    // its `next` in a.rows (on the compute thread); then the sampling of its rows from `row0` of
+    // the logits (`drafts` after the first; `batch_row`: the first's row in the forward's batch),
+    // each token delivered as it stands, the rows after them rolled back. The finish reason, or
+    // empty while it goes on.
+    void draft(active& a, int k);
+    std::string sample_rows(active& a, const std::vector<float>& logits, size_t row0, int64_t batch_row,
+                            int64_t drafts);
 
     dsv41::model& model_;
     engine_options opts_;
+    std::unique_ptr<engine_speculation> spec_;  // strand-owned
     boost::asio::io_context io_;
     std::shared_ptr<boost::asio::io_context> channels_ = std::make_shared<boost::asio::io_context>();
     boost::asio::strand<boost::asio::io_context::executor_type> strand_;

@@ -198,6 +198,7 @@ api_result<std::unique_ptr<completion_job>> completion_job::start(const served_m
     g.score_prompt = req.route == api_route::completions && req.echo && req.logprobs_enabled;
     if (!req.ignore_eos && m.eos_id >= 0) g.stop_tokens.push_back(m.eos_id);
     g.reuse_prefix = req.cache_prompt;
+    g.spec_max = req.spec_n_max;
     if (auto st = g.sampling.validate(m.n_vocab); !st) return bad_request("", st.message());
     // A forced tool call or JSON output: the parser needs no change, the text is what it reads.
     auto forced = constraint_for_request(req, constraint, m.tok, g.max_tokens, opts.open_reasoning);
@@ -294,6 +295,8 @@ job_update completion_job::from_event(const token_event& e) {
     u.usage.prompt_tokens = e.prompt_tokens ? e.prompt_tokens : int64_t(prompt_.size());
     u.usage.cached_tokens = e.cached_tokens;
     u.usage.completion_tokens = e.completion_tokens;
+    u.usage.draft_n = e.draft_n;
+    u.usage.draft_n_accepted = e.draft_n_accepted;
     u.usage.queue_s = e.queue_s;
     u.usage.prefill_s = e.prefill_s;
     u.usage.decode_s = e.decode_s;

@@ -37,6 +37,7 @@ struct emitted_token {
 
 struct job_usage {
     int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    int64_t draft_n = 0, draft_n_accepted = 0;  // speculative decoding: tokens drafted, of them accepted
     double queue_s = 0, prefill_s = 0, decode_s = 0;
 };
 

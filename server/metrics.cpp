@@ -141,6 +141,37 @@ class exposition {
 
 constexpr std::array<std::string_view, 4> kReasons = {"stop", "length", "abort", "error"};
 
+// Speculative decoding, under llama-server's names and ours, and the union of a step's experts.
+void render_speculation(exposition& x, const engine_stats& e) {
+    static constexpr std::string_view kPrefixes[] = {"llamacpp:", "moestream:"};
+    const std::string positions[] = {"1", "2", "3", "4", "5"};
+    for (std::string_view prefix : kPrefixes) {
+        const std::string p(prefix);
+        x.counter(p + "spec_decode_num_drafts_total", "Speculative drafts verified (a sequence's drafted tokens of one step).",
+                  e.spec_drafts);
+        x.counter(p + "spec_decode_num_draft_tokens_total", "Tokens drafted by speculative decoding.", e.spec_draft_tokens);
+        x.counter(p + "spec_decode_num_accepted_tokens_total", "Drafted tokens the target model accepted.",
+                  e.spec_accepted_tokens);
+        const std::string per_pos = p + "spec_decode_num_accepted_tokens_per_pos_total";
+        x.family(per_pos, "counter", "Accepted drafted tokens by their position in the draft (1 = first).");
+        for (size_t i = 0; i < e.spec_accepted_by_position.size(); ++i)
+            x.sample(per_pos, "", e.spec_accepted_by_position[i], {{"position", positions[i]}});
+    }
+    x.counter("moestream:spec_verification_steps_total", "Engine steps that verified drafted tokens.", e.spec_steps);
+    x.counter("moestream:spec_draft_failures_total", "Drafts that could not be made (decoding went on without them).",
+              e.spec_failures);
+    // The union a step loads: over the steps of each kind whose routing the host saw.
+    static constexpr std::string_view kKinds[] = {"prefill", "verify", "decode"};
+    x.family("moestream:step_experts_total", "counter",
+             "Distinct routed experts of a step's rows, summed over the MoE layers and the steps counted "
+             "(by kind: with prompt rows, verifying drafts, other decode steps); divide by step_experts_steps_total.");
+    for (size_t k = 0; k < 3; ++k) x.sample("moestream:step_experts_total", "", e.step_experts[k], {{"kind", kKinds[k]}});
+    x.family("moestream:step_experts_steps_total", "counter",
+             "Steps counted in step_experts_total (those whose routing the host saw), by kind.");
+    for (size_t k = 0; k < 3; ++k)
+        x.sample("moestream:step_experts_steps_total", "", e.step_experts_steps[k], {{"kind", kKinds[k]}});
+}
+
 }  // namespace
 
 // ---- histogram ----------------------------------------------------------------------------
@@ -292,6 +323,7 @@ std::string server_metrics::render(const engine_stats& engine, const streaming_f
     x.counter("llamacpp:n_decode_total", "Forward passes (engine steps).", engine.steps);
     x.gauge("llamacpp:n_busy_slots_per_decode", "Average sequences per forward pass.",
             ratio(double(engine.decode_rows), double(engine.steps)));
+    render_speculation(x, engine);
 
     // Latency and size distributions.
     x.hist("moestream:time_to_first_token_seconds", "Time from arrival to the first token.", ttft_);

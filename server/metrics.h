@@ -14,6 +14,16 @@
 //   llamacpp:n_tokens_max (g)                   the most positions a sequence has held
 //   llamacpp:n_decode_total (c)                 engine steps (forwards)
 //   llamacpp:n_busy_slots_per_decode (g)        sequences per forward, mean
+//   {llamacpp,moestream}:spec_decode_num_drafts_total, ..._num_draft_tokens_total,
+//              ..._num_accepted_tokens_total, ..._num_accepted_tokens_per_pos_total{position="1..5"} (c)
+//                                               speculative decoding (a draft: one sequence's drafted
+//                                               tokens of one step)
+//   moestream:spec_verification_steps_total (c) engine steps that verified drafts
+//   moestream:spec_draft_failures_total (c)     drafts that could not be made
+//   moestream:step_experts_total{kind="prefill|verify|decode"} (c), moestream:step_experts_steps_total{kind} (c)
+//                                               distinct routed experts of a step's rows (summed over MoE
+//                                               layers) over the steps whose routing the host saw: the
+//                                               union a verification step loads, against a decode step's
 //   moestream:{time_to_first_token,inter_token_latency,e2e_request_latency,request_queue_time,
 //              request_prefill_time,request_decode_time}_seconds (h)
 //   moestream:request_prompt_tokens (h), moestream:request_generation_tokens (h)

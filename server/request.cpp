@@ -516,6 +516,9 @@ maybe_error parse_common(const object_reader& r, const parse_limits& limits, com
     MS_API_TRY(parse_choice_count(r, req.n));
     MS_API_TRY(r.opt_bool("cache_prompt", req.cache_prompt));
     MS_API_TRY(r.opt_bool("return_timings", req.return_timings));
+    std::optional<int64_t> n_max;
+    MS_API_TRY(r.opt_integer("speculative.n_max", 0, k_int32_max, n_max));
+    if (n_max) req.spec_n_max = *n_max;
     return std::nullopt;
 }
 

@@ -58,6 +58,9 @@
 //   n, n_cmpl         integer; only 1 is supported
 //   cache_prompt      bool (true): reuse the longest common prefix with a cached sequence
 //   return_timings    bool (true): attach the `timings` object (moestream extension)
+//   speculative.n_max integer >= 0 (llama-server's flat key): the most tokens drafted a step for
+//                     this request, within the server's --spec-k; 0: no speculative decoding
+//                     (the output is the same either way); absent: the server's
 //   chat_template_kwargs  {enable_thinking: bool (true), thinking: bool (alias)} (chat only)
 //   reasoning_format  "none" (thinking stays in content) | "auto" | "deepseek" |
 //                     "deepseek-legacy" (chat only; default "auto")
@@ -146,6 +149,7 @@ struct completion_request {
     bool logprobs_enabled = false;
     bool cache_prompt = true;
     bool return_timings = true;
+    int64_t spec_n_max = -1;            // speculative.n_max; -1: the server's
     bool reasoning_in_content = false;  // reasoning_format "none": thinking stays in content
     bool enable_thinking = true;        // chat_template_kwargs.enable_thinking
     int32_t n = 1;                      // n / n_cmpl: only 1 supported

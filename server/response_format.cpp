@@ -41,7 +41,8 @@ void write_usage(json_writer& w, const job_usage& u) {
 
 double per_second(int64_t n, double s) { return s > 0 ? double(n) / s : 0.0; }
 
-// llama-server's timings object (server-task.cpp result_timings), plus our queue time.
+// llama-server's timings object (server-task.cpp result_timings), plus our queue time; draft_n and
+// draft_n_accepted when speculative decoding drafted tokens for the request.
 void write_timings(json_writer& w, const job_usage& u) {
     const int64_t prompt_n = u.prompt_tokens - u.cached_tokens;
     w.key("timings");
@@ -66,6 +67,13 @@ void write_timings(json_writer& w, const job_usage& u) {
     w.value(per_second(u.completion_tokens, u.decode_s));
     w.key("queue_ms");
     w.value(u.queue_s * 1e3);
+    // As llama-server: only when speculative decoding drafted something.
+    if (u.draft_n > 0) {
+        w.key("draft_n");
+        w.value(u.draft_n);
+        w.key("draft_n_accepted");
+        w.value(u.draft_n_accepted);
+    }
     w.end_object();
 }
 

@@ -252,6 +252,8 @@ http_response service::props() const {
     w.value(0.05);
     w.key("n_predict");
     w.value(int64_t(-1));
+    w.key("speculative.n_max");
+    w.value(model_.spec_n_max);
     w.end_object();
     w.end_object();
     w.key("total_slots");
@@ -289,7 +291,7 @@ http_response service::slots() const {
         w.key("n_ctx");
         w.value(model_.n_ctx);
         w.key("speculative");
-        w.value(false);
+        w.value(model_.spec_n_max > 0);
         w.key("is_processing");
         w.value(i < s.running);
         w.end_object();

@@ -62,6 +62,7 @@ struct served_model {
     int64_t size_bytes = 0;
     int64_t slots = 0;                  // sequences decoded together
     int32_t eos_id = -1;
+    int64_t spec_n_max = 0;             // speculative decoding: the most tokens drafted a step (0: off)
     std::string backend;                // what runs the model (/props, /metrics): "cuda", "cpu"
     std::string device;                 // "NVIDIA H200, sm_90, 132 SMs, 139.8 GiB", "16 threads, kernels avx512"
     // Expert-streaming figures for /metrics (null when the experts are not streamed).

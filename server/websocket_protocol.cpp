@@ -301,6 +301,7 @@ std::string request_done_json(std::string_view id, std::string_view finish_reaso
                  u.completion_tokens > 0 ? u.decode_s * 1e3 / double(u.completion_tokens) : 0.0);
         w.member("predicted_per_second", per_second(u.completion_tokens, u.decode_s));
         w.member("queue_ms", u.queue_s * 1e3);
+        if (u.draft_n > 0) w.member("draft_n", u.draft_n).member("draft_n_accepted", u.draft_n_accepted);
         w.end_object();
     }
     w.end_object();

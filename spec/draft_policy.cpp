@@ -64,11 +64,21 @@ int draft_policy::choose() {
 
 void draft_policy::record(int drafted, int accepted, double seconds) {
     if (drafted < 0 || drafted > max_k_ || accepted < 0 || accepted > drafted) return;
+    record_drafts(drafted, accepted);
+    record_step(drafted, seconds);
+}
+
+void draft_policy::record_drafts(int drafted, int accepted) {
+    if (drafted < 0 || drafted > max_k_ || accepted < 0 || accepted > drafted) return;
     for (int i = 1; i <= drafted; ++i) {
         if (i > accepted + 1) break;  // positions after the first rejection were not tested
         ++tried_[size_t(i)];
         if (i <= accepted) ++kept_[size_t(i)];
     }
+}
+
+void draft_policy::record_step(int drafted, double seconds) {
+    if (drafted < 0 || drafted > max_k_ || !(seconds >= 0)) return;
     double& s = seconds_[size_t(drafted)];
     s = steps_[size_t(drafted)] == 0 ? seconds : (1 - kAverage) * s + kAverage * seconds;
     ++steps_[size_t(drafted)];

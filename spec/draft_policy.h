@@ -25,8 +25,12 @@ class draft_policy {
     // The draft length for the next step (0..max_k).
     int choose();
     // A verified step: `drafted` tokens proposed, the first `accepted` of them kept, the step
-    // took `seconds`.
+    // took `seconds` (record_drafts and record_step together).
     void record(int drafted, int accepted, double seconds);
+    // The two halves, for a batch (scheduler/engine.cpp): every sequence's drafts count towards
+    // the acceptance, and the step's time once, under the most any sequence drafted.
+    void record_drafts(int drafted, int accepted);
+    void record_step(int drafted, double seconds);
 
     // Estimates, for reports and tests.
     double acceptance(int position) const;  // p_i, position 1..max_k

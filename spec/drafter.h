@@ -18,6 +18,9 @@ class drafter {
     // Up to k tokens to follow `context` (every committed token, the prompt included, and the
     // token the next forward feeds last). Fewer (or none) when it has nothing to say.
     virtual std::vector<int32_t> propose(std::span<const int32_t> context, int k) = 0;
+    // Proposals that failed (an error, so nothing was proposed) so far; decoding goes on without
+    // drafts, which changes no token.
+    virtual int64_t failures() const { return 0; }
 };
 
 }  // namespace moestream::spec

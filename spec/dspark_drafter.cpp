@@ -8,6 +8,7 @@ std::vector<int32_t> dspark_drafter::propose(std::span<const int32_t> context, i
     if (context.empty() || k <= 0) return {};
     if (auto st = m_.draft(seq_, context.back(), out_); !st) {
         error_ = st.message();
+        ++failures_;
         return {};
     }
     const size_t n = std::min<size_t>(size_t(k), out_.tokens.size());

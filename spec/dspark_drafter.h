@@ -16,12 +16,14 @@ class dspark_drafter final : public drafter {
     std::vector<int32_t> propose(std::span<const int32_t> context, int k) override;
     // Set when a draft could not be made (the error of model::draft), else empty.
     const std::string& error() const { return error_; }
+    int64_t failures() const override { return failures_; }
 
   private:
     dsv41::model& m_;
     const dsv41::sequence_state& seq_;
     dsv41::draft_output out_;
     std::string error_;
+    int64_t failures_ = 0;
 };
 
 }  // namespace moestream::spec

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "config/assert.h"
+#include "spec/verify.h"
 
 namespace moestream::spec {
 
@@ -45,7 +45,8 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
     spec_stats st;
     const int64_t vocab = target.hp().vocab;
     int64_t emitted = 0;
-    // False once the stop token is chosen or n tokens are out.
+    std::vector<int32_t> context(seq.tokens().begin(), seq.tokens().end()), rows;
+    // False once the stop token is chosen (not emitted) or n tokens are out.
     const auto emit = [&](int32_t t) {
         if (t == o.stop_token) {
             st.stopped = true;
@@ -53,21 +54,18 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         }
         rows_choice.emitted(t);
         out.push_back(t);
+        context.push_back(t);
         if (o.on_token) o.on_token(t);
         return ++emitted < n;
     };
     if (n <= 0 || !emit(first)) return st;
     int32_t last = first;
-    std::vector<int32_t> context(seq.tokens().begin(), seq.tokens().end()), rows;
-    context.push_back(last);
     std::vector<float> logits;
-    const auto row = [&](int64_t i) { return std::span<const float>(logits.data() + i * vocab, size_t(vocab)); };
     for (;;) {
         // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
         // the sequence has room for.
-        const int64_t room = seq.capacity() - seq.size() - 1;
         const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->choose()) : o.k;
-        const int want = int(std::max<int64_t>(0, std::min<int64_t>({k, n - emitted - 1, room})));
+        const int want = draft_room(k, n - emitted, seq.capacity() - seq.size() - 1);
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
@@ -82,32 +80,20 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         const size_t kd = std::min<size_t>(draft.size(), draft_policy::kMaxK);
         ++st.steps_by_k[kd];
         if (const int64_t ex = target.last_forward_experts(); ex >= 0) st.experts_by_k[kd] += ex, ++st.counted_by_k[kd];
-        // Row i's choice follows rows[0..i]: draft token i + 1 stands when it equals it; the first
-        // that does not gives the step's last token, and when every draft stands the row after
-        // them does. (A draft never
-        // reaches the n-th token, so accepting one never ends decoding; the stop token is never
-        // accepted, so the sequence never consumes it.)
-        int64_t j = 0;
-        int32_t next = -1;
-        for (;; ++j) {
-            MS_TRY(rows_choice.choose(row(j), next));
-            if (j == int64_t(draft.size()) || next != draft[size_t(j)] || next == o.stop_token) break;
-            const bool more = emit(next);
-            MS_ASSERT(more);
-            context.push_back(next);
-        }
-        st.accepted += j;
-        if (o.policy) o.policy->record(int(draft.size()), int(j), step_s);
-        // The rows after the last accepted draft are forgotten; `next` came from row j.
-        if (j < int64_t(draft.size())) {
-            if (auto t = seq.truncate(before + 1 + j); !t) return t.err();
-            // The draft head continues from the last kept row's features.
-            if (target.has_draft())
-                if (auto h = target.keep_main_hidden(seq, j); !h) return h.err();
-        }
-        if (!emit(next)) return st;
-        context.push_back(next);
-        last = next;
+        // Row j's choice follows rows[0..j] (spec/verify.h). A draft never reaches the n-th
+        // token, and the stop token is never accepted, so the sequence never consumes either.
+        const auto choose = [&](size_t j, int32_t& t) {
+            return rows_choice.choose(std::span<const float>(logits.data() + j * size_t(vocab), size_t(vocab)), t);
+        };
+        auto v = verify_rows(draft, choose, emit);
+        if (!v) return v.err();
+        st.accepted += v->kept;
+        if (o.policy) o.policy->record(int(draft.size()), int(v->kept), step_s);
+        // The rows after the last accepted draft are forgotten; the draft head continues from the
+        // last kept row's features.
+        MS_TRY(keep_rows(target, seq, before, int64_t(rows.size()), v->kept, 0));
+        if (v->next < 0) return st;
+        last = v->next;
     }
 }
 

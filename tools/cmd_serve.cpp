@@ -11,6 +11,7 @@
 #include "scheduler/model_gguf.h"
 #include "server/http_server.h"
 #include "server/service.h"
+#include "spec/draft_policy.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
 
@@ -26,11 +27,28 @@ result<std::chrono::seconds> seconds_option(const cli::args& a, std::string_view
     return std::chrono::seconds(*v);
 }
 
+// The engine's speculation from the effective settings: auto is dspark when a draft head is
+// given, else none; k auto lets the policy choose each step's length, up to 5.
+result<speculation_options> speculation_of(const moestream_config& cfg) {
+    speculation_options o;
+    const auto& s = cfg.speculative;
+    o.drafter = s.drafter == "auto" ? (cfg.model.draft_path.empty() ? "none" : "dspark") : s.drafter;
+    if (o.drafter == "dspark" && cfg.model.draft_path.empty())
+        return make_error("--drafter dspark needs the draft head: --draft FILE.gguf");
+    o.adaptive = s.k == spec_settings::k_auto;
+    o.k = o.adaptive ? spec::draft_policy::kMaxK : int(s.k);
+    if (o.drafter == "none") o.k = 0;
+    return o;
+}
+
 int run(const cli::args& a) {
     auto cfg = load_config(a);
     if (!cfg) return usage_error(kName, cfg.message());
     if (!a.positional().empty()) return usage_error(kName, "unexpected argument '" + a.positional()[0] + "'");
     if (cfg->model.path.empty()) return usage_error(kName, "missing required option --model");
+    if (auto st = apply_spec_flags(a, cfg->speculative); !st) return usage_error(kName, st.message());
+    auto spec_opts = speculation_of(*cfg);
+    if (!spec_opts) return usage_error(kName, spec_opts.message());
 
     server::http_options http;
     http.host = cfg->server.host;
@@ -66,7 +84,8 @@ int run(const cli::args& a) {
     std::fflush(stdout);
 
     // The sequence states the engine keeps: the running ones and up to 4 finished ones for reuse.
-    auto session = open_model_session(*cfg, false, true, cfg->runtime.sequences_max + 4);
+    // The draft head is loaded only for the dspark drafter (its rings cost every forward).
+    auto session = open_model_session(*cfg, spec_opts->drafter == "dspark", true, cfg->runtime.sequences_max + 4);
     if (!session) {
         srv.shutdown();
         srv.wait();
@@ -97,6 +116,12 @@ int run(const cli::args& a) {
             return w;
         };
     }
+    eo.spec = *spec_opts;
+    if (auto st = validate(eo.spec, *s.model); !st) {
+        srv.shutdown();
+        srv.wait();
+        return fail(kName, st.message());
+    }
     engine eng(*s.model, eo);
 
     server::served_model m;
@@ -112,6 +137,7 @@ int run(const cli::args& a) {
         m.size_bytes += int64_t(s.files->target.shard_size(uint32_t(i)));
     m.slots = cfg->runtime.sequences_max;
     m.eos_id = tok ? tok->data().eos_id : -1;
+    m.spec_n_max = eo.spec.drafter == "none" ? 0 : eo.spec.k;
     m.backend = s.compute->name();
     m.device = s.compute->device_description();
     if (s.streamed) {
@@ -122,6 +148,9 @@ int run(const cli::args& a) {
     api.set_model(std::move(m));
     spdlog::info("serving {} ({} sequences of {} tokens) on {}", cfg->model.path, cfg->runtime.sequences_max,
                  cfg->runtime.context_tokens, s.backend_line());
+    if (m.spec_n_max > 0)
+        spdlog::info("speculative decoding: drafter {}, k {}", eo.spec.drafter,
+                     eo.spec.adaptive ? "auto (up to " + std::to_string(eo.spec.k) + ")" : std::to_string(eo.spec.k));
     if (s.streamed)
         spdlog::info("expert tiers: {} device slots, {} host slots{}", s.streamed->device_slots(),
                      s.streamed->host_slots(),
@@ -148,17 +177,25 @@ std::span<const cli::option_spec> options() {
         {"drain", "S", "on SIGTERM, let running requests finish for S seconds before cancelling them (default 5)"},
         {"idle-timeout", "S", "close keep-alive connections idle for S seconds (default 120)"},
         {"http-threads", "N", "I/O threads of the HTTP server (default 2)"},
+        {"draft", "FILE.gguf", "DSpark draft head (dflash): speculative decoding with it, unless --drafter says otherwise"},
+        {"drafter", "NAME", "speculative decoding: dspark (the --draft head; the default with --draft), ngram (prompt "
+                            "lookup) or none (the default without --draft); requests opt out with "
+                            "\"speculative.n_max\": 0"},
+        {"spec-k", "K", "tokens drafted a step: auto (the default: chosen per step from measured acceptance and step "
+                        "times, up to 5) or 0..5"},
     });
     return specs;
 }
 
 const command kCommand{
     kName,
-    "--model FILE.gguf [--config FILE.json] [--host ADDR] [--port N] [--api-key KEY]... [--cors-origin O]...",
+    "--model FILE.gguf [--config FILE.json] [--host ADDR] [--port N] [--api-key KEY]... [--cors-origin O]... "
+    "[--draft FILE.gguf] [--drafter dspark|ngram|none] [--spec-k auto|K]",
     "Serves the model over HTTP: OpenAI (/v1/chat/completions, /v1/completions, /v1/models), llama-server "
     "(/completion, /infill, /tokenize, /detokenize, /props, /slots), /health, /metrics (Prometheus), and the "
     "multiplexed WebSocket token stream /v1/ws. Requests are batched continuously (runtime.sequences_max); a full "
-    "wait queue (server.wait_queue_max) answers 429. SIGTERM/SIGINT stop gracefully. See docs/api.md.",
+    "wait queue (server.wait_queue_max) answers 429. Speculative decoding (--draft, --drafter) verifies drafted tokens "
+    "in the same batched forwards, with the same output. SIGTERM/SIGINT stop gracefully. See docs/api.md.",
     options(), run};
 MS_REGISTER_COMMAND(kCommand);
 

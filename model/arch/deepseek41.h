@@ -274,9 +274,11 @@ class model {
     // whose picks the host does not see.
     int64_t last_forward_experts() const;
 
-    // After a forward in which `seq` was the only item, and a truncate() that kept its row `row`
-    // as the last one: the DSpark head's input becomes that row's features (speculative
-    // decoding keeps an accepted prefix of a verification block). An error without a draft head.
+    // After a forward that fed `seq`, and a truncate() that kept one of its rows as the last one:
+    // the DSpark head's input becomes the features of `row`, that row's index in the forward's
+    // batch (the items' rows in order: a sequence's own row plus the rows of the items before
+    // it), so speculative decoding keeps an accepted prefix of a verification block, alone or
+    // batched (spec::keep_rows). An error without a draft head.
     status keep_main_hidden(sequence_state& seq, int64_t row);
 
     // RoPE frequency tables (per pair), exposed for tests: base rope_theta, and compress base + YaRN.

@@ -122,3 +122,44 @@ BOOST_AUTO_TEST_CASE(bad_flag_values_are_errors) {
     BOOST_TEST(!load({"--device-cache", "lots"}).ok());
     BOOST_TEST(!load({"--config", "/nonexistent/x.json"}).ok());
 }
+
+// The speculative section (serve's) and its flags: --drafter / --spec-k over the file.
+BOOST_AUTO_TEST_CASE(speculative_settings) {
+    auto d = load({});
+    BOOST_REQUIRE(d.ok());
+    BOOST_TEST(d->speculative.drafter == "auto");
+    BOOST_TEST(d->speculative.k == spec_settings::k_auto);
+    auto f = apply_json({}, R"({"speculative": {"drafter": "ngram", "k": 3}})", "s.json");
+    BOOST_REQUIRE_MESSAGE(f.ok(), (f.ok() ? "" : f.message()));
+    BOOST_TEST(validate(*f).ok());
+    BOOST_TEST(f->speculative.drafter == "ngram");
+    BOOST_TEST(f->speculative.k == 3);
+    // The printed configuration reads back.
+    auto round = apply_json({}, to_json(*f), "printed.json");
+    BOOST_REQUIRE(round.ok());
+    BOOST_TEST(round->speculative.k == 3);
+    BOOST_TEST(apply_json({}, R"({"speculative": {"k": "auto"}})", "s.json")->speculative.k == spec_settings::k_auto);
+    BOOST_TEST(!apply_json({}, R"({"speculative": {"k": "many"}})", "s.json").ok());
+    BOOST_TEST(!apply_json({}, R"({"speculative": {"n_max": 3}})", "s.json").ok());
+    BOOST_TEST(!validate(*apply_json({}, R"({"speculative": {"drafter": "eagle"}})", "s.json")).ok());
+    BOOST_TEST(!validate(*apply_json({}, R"({"speculative": {"k": 6}})", "s.json")).ok());
+
+    const auto specs = with_config_options({{"drafter", "NAME", ""}, {"spec-k", "K", ""}});
+    const auto flags = [&](std::vector<std::string> argv, spec_settings& s) {
+        auto a = cli::args::parse(argv, specs);
+        BOOST_REQUIRE(a.ok());
+        return apply_spec_flags(*a, s);
+    };
+    spec_settings s = f->speculative;
+    BOOST_TEST(flags({"--spec-k", "auto"}, s).ok());
+    BOOST_TEST(s.drafter == "ngram");  // the file's
+    BOOST_TEST(s.k == spec_settings::k_auto);
+    BOOST_TEST(flags({"--drafter", "dspark", "--spec-k", "2"}, s).ok());
+    BOOST_TEST(s.drafter == "dspark");
+    BOOST_TEST(s.k == 2);
+    const auto bad = flags({"--drafter", "oracle:0.5"}, s);
+    BOOST_TEST(bad.message().find("--drafter") != std::string::npos, bad.message());
+    BOOST_TEST(s.drafter == "dspark");  // unchanged by a refused flag
+    BOOST_TEST(!flags({"--spec-k", "9"}, s).ok());
+    BOOST_TEST(!flags({"--spec-k", "x"}, s).ok());
+}

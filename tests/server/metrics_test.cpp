@@ -213,6 +213,14 @@ engine_stats some_engine_stats() {
     e.prefix_hit_tokens = 600;
     e.cached_sequences = 4;
     e.busy_s = 12.5;
+    e.spec_drafts = 9;
+    e.spec_draft_tokens = 30;
+    e.spec_accepted_tokens = 12;
+    e.spec_accepted_by_position = {7, 3, 1, 1, 0};
+    e.spec_steps = 6;
+    e.spec_failures = 1;
+    e.step_experts = {500, 240, 90};
+    e.step_experts_steps = {2, 6, 5};
     return e;
 }
 
@@ -364,6 +372,24 @@ BOOST_AUTO_TEST_CASE(render_is_valid_exposition_with_the_expected_values) {
     BOOST_TEST(value_of(p, "moestream:expert_disk_bytes_total") == double(1 << 20));
     BOOST_TEST(value_of(p, "moestream:expert_reads_in_flight_mean") == 3.5);
     BOOST_TEST(value_of(p, "moestream:expert_reads_in_flight_max") == 8.0);
+    // Speculative decoding, under both name sets, and the experts a step loads by kind.
+    for (std::string prefix : {"llamacpp:", "moestream:"}) {
+        BOOST_TEST(value_of(p, prefix + "spec_decode_num_drafts_total") == 9.0, prefix);
+        BOOST_TEST(value_of(p, prefix + "spec_decode_num_draft_tokens_total") == 30.0, prefix);
+        BOOST_TEST(value_of(p, prefix + "spec_decode_num_accepted_tokens_total") == 12.0, prefix);
+        const std::string pos = prefix + "spec_decode_num_accepted_tokens_per_pos_total";
+        BOOST_TEST(value_of(p, pos, pos, {{"position", "1"}}) == 7.0, prefix);
+        BOOST_TEST(value_of(p, pos, pos, {{"position", "2"}}) == 3.0, prefix);
+        BOOST_TEST(value_of(p, pos, pos, {{"position", "5"}}) == 0.0, prefix);
+    }
+    BOOST_TEST(value_of(p, "moestream:spec_verification_steps_total") == 6.0);
+    BOOST_TEST(value_of(p, "moestream:spec_draft_failures_total") == 1.0);
+    const std::string ex = "moestream:step_experts_total", exs = "moestream:step_experts_steps_total";
+    BOOST_TEST(value_of(p, ex, ex, {{"kind", "prefill"}}) == 500.0);
+    BOOST_TEST(value_of(p, ex, ex, {{"kind", "verify"}}) == 240.0);
+    BOOST_TEST(value_of(p, ex, ex, {{"kind", "decode"}}) == 90.0);
+    BOOST_TEST(value_of(p, exs, exs, {{"kind", "verify"}}) == 6.0);
+    BOOST_TEST(value_of(p, exs, exs, {{"kind", "decode"}}) == 5.0);
 
     // Without streaming figures (experts resident) those families are absent; the text stays valid.
     const auto q = parse_exposition(m.render(e, nullptr), model);

@@ -315,6 +315,20 @@ BOOST_AUTO_TEST_CASE(repetition_penalty_alias) {
     expect_chat_error(R"("repetition_penalty":0)", "repetition_penalty", "must be > 0");
 }
 
+// llama-server's per-request speculation cap, a flat key with a dot, on every route.
+BOOST_AUTO_TEST_CASE(speculative_n_max) {
+    for (auto route : {k_chat, k_cmpl, k_native, k_infill}) {
+        BOOST_TEST(parse_ok(body_for(route), route).spec_n_max == -1);
+        BOOST_TEST(parse_ok(body_for(route, R"("speculative.n_max":0)"), route).spec_n_max == 0);
+        BOOST_TEST(parse_ok(body_for(route, R"("speculative.n_max":3)"), route).spec_n_max == 3);
+        BOOST_TEST(parse_ok(body_for(route, R"("speculative.n_max":null)"), route).spec_n_max == -1);
+    }
+    expect_chat_error(R"("speculative.n_max":-1)", "speculative.n_max", "must be in [0, 2147483647], got -1");
+    expect_chat_error(R"("speculative.n_max":"2")", "speculative.n_max", "expected an integer");
+    // The nested form is not llama-server's: ignored like any unknown field.
+    BOOST_TEST(parse_ok(chat_body(R"("speculative":{"n_max":0})")).spec_n_max == -1);
+}
+
 BOOST_AUTO_TEST_CASE(n_and_n_cmpl) {
     BOOST_TEST(parse_ok(chat_body(R"("n":1,"n_cmpl":1)")).n == 1);
     expect_chat_error(R"("n":2)", "n", "only one choice");
