@@ -53,7 +53,7 @@ __device__ float block_max(const float* sc, int64_t n) {
 // Decode attention in three launches, so that a row's keys spread over many blocks (one block a
 // (row, head), walking a 2k context's keys, was latency-bound at 55 us a layer on mini):
 //   scores:   (row, head, 64 keys) a block, a thread a key: dot(q, key) in registers, the 32
-//             lanes' accumulators of the CPU's pattern and its lane tree, so the bits of key_dot.
+//             lanes' accumulators of the CPU's pattern and its lane tree (a warp's dot, lane by lane).
 //   partial:  (row, head, 64 keys): the max over all scores, the chunk's exp(s - max) (bf16 when
 //             the model rounds them), and Σ p v over the chunk's keys in order, per value.
 //   combine:  (row, head): the denominator (the sink's term, then every key's in order) and each

@@ -68,3 +68,18 @@ wait_ready() {
   PORT=$(sed -n 's|^moestream serve: listening on http://127\.0\.0\.1:\([0-9]*\).*|\1|p' "$WORK/serve.log" | head -1)
   [[ -n $PORT ]] || fail "no port in the server's start-up line: $(cat "$WORK/serve.log")"
 }
+
+# JSON checks of a running server's answers (node; no jq on the machines).
+# jcheck FILE JS-EXPRESSION WHAT: the expression (over `d`, the parsed file) is true.
+jcheck() {
+  node -e '
+    const fs = require("fs");
+    const text = fs.readFileSync(process.argv[1], "utf8");
+    let d;
+    try { d = JSON.parse(text); } catch (e) { console.error("not JSON: " + text.slice(0, 300)); process.exit(1); }
+    if (!(eval(process.argv[2]))) { console.error(text.slice(0, 900)); process.exit(1); }' "$1" "$2" ||
+    fail "$3"
+}
+# post ROUTE BODY OUT: POSTs JSON to $URL, the body goes to OUT, prints the HTTP status.
+post() { curl -sS -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$URL$1"; }
+get() { curl -sS -o "$2" -w '%{http_code}' "$URL$1"; }

@@ -14,18 +14,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
 server_test_setup "node curl" ""
 
-# jcheck FILE JS-EXPRESSION WHAT: the expression (over `d`, the parsed file) is true.
-jcheck() {
-  node -e '
-    const fs = require("fs");
-    const text = fs.readFileSync(process.argv[1], "utf8");
-    let d;
-    try { d = JSON.parse(text); } catch (e) { console.error("not JSON: " + text.slice(0, 300)); process.exit(1); }
-    if (!(eval(process.argv[2]))) { console.error(text.slice(0, 900)); process.exit(1); }' "$1" "$2" ||
-    fail "$3"
-}
-post() { curl -sS -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$URL$1"; }
-get() { curl -sS -o "$2" -w '%{http_code}' "$URL$1"; }
 # The tokens of a /completion answer, or the text of a chat answer, on one line.
 tokens_of() { node -e 'const d=JSON.parse(require("fs").readFileSync(process.argv[1]));console.log(JSON.stringify(d.tokens ?? d.choices[0].message.content))' "$1"; }
 

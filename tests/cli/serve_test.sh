@@ -11,19 +11,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/lib.sh"
 server_test_setup "node curl" "openai"
 
-# jcheck FILE JS-EXPRESSION WHAT: the expression (over `d`, the parsed file) is true.
-jcheck() {
-  node -e '
-    const fs = require("fs");
-    const text = fs.readFileSync(process.argv[1], "utf8");
-    let d;
-    try { d = JSON.parse(text); } catch (e) { console.error("not JSON: " + text.slice(0, 300)); process.exit(1); }
-    if (!(eval(process.argv[2]))) { console.error(text.slice(0, 600)); process.exit(1); }' "$1" "$2" ||
-    fail "$3"
-}
-# post ROUTE BODY OUT: POSTs JSON, the body goes to OUT, prints the HTTP status.
-post() { curl -sS -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' -d "$2" "$URL$1"; }
-get() { curl -sS -o "$2" -w '%{http_code}' "$URL$1"; }
 
 "$BIN" serve --help | grep -q "usage: moestream serve" || fail "serve --help"
 "$BIN" bench serve --help | grep -q "usage: moestream bench serve" || fail "bench serve --help"
