@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] [pdl] [modes] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -56,7 +56,7 @@ print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, c
   fi
 fi
 if [[ $what == *kernels* ]]; then
-  timeout 200 "$BIN" bench kernels --rounds 15 > "$OUT/bench_kernels.log" 2>&1
+  timeout 200 "$BIN" bench kernels --rounds 15 --shapes ${SHAPES:-mini,flash} > "$OUT/bench_kernels.log" 2>&1
   summary+=("bench kernels exit $?")
 fi
 if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
@@ -71,5 +71,38 @@ if [[ $what == *stream* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   timeout 300 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf --device-cache 0.80 --host-cache 3.22 \
     -n 32 --prompt-tokens 256 > "$OUT/stream_mini.log" 2>&1
   summary+=("bench decode streaming mini exit $?: $(grep -E 'GPU|remap' "$OUT/stream_mini.log" | tr '\n' ' ')")
+fi
+if [[ $what == *pdl* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # Step graphs with programmatic edges (the default) against plain ones, same run.
+  for preset in ${PRESETS:-mini-lite mini}; do
+    [[ -f /tmp/$preset.gguf ]] || "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
+    for pdl in 1 0; do
+      MOESTREAM_PDL=$pdl timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 \
+        > "$OUT/decode_${preset}_pdl$pdl.log" 2>&1
+      summary+=("bench decode $preset pdl $pdl exit $?: $(grep -E 'decode at|GPU|empty launch' "$OUT/decode_${preset}_pdl$pdl.log" | tr '\n' ' ')")
+    done
+  done
+fi
+if [[ $what == *modes* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # A step as one graph (its device time alone: the device's span of the graph) beside the
+  # default parts.
+  for preset in ${PRESETS:-mini-lite mini}; do
+    [[ -f /tmp/$preset.gguf ]] || "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
+    MOESTREAM_STEP_SEGMENT_OPS=0 timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 \
+      -n 64 --graphs on > "$OUT/decode_${preset}_onegraph.log" 2>&1
+    summary+=("bench decode $preset one graph a step exit $?: $(grep -E 'GPU|a step' "$OUT/decode_${preset}_onegraph.log" | tr '\n' ' ')")
+  done
+fi
+if [[ $what == *profile* && -n ${MOESTREAM_DEPS_DIR:-} ]] && command -v ncu > /dev/null; then
+  # Each kernel's device time (ncu, kernels one by one, so no launch gaps) in decode steps with
+  # stream launches (ncu did not profile graph nodes here).
+  p=${PROFILE_PRESET:-mini-lite}
+  [[ -f /tmp/$p.gguf ]] || "$BIN" forge --preset $p --out /tmp/$p.gguf --seed 1 > /dev/null 2>&1
+  # (k_round_bf16 left out: the bench's launch probes are thousands of them.)
+  timeout ${PROFILE_TIMEOUT:-150} ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    -k regex:'k_(matmul|attention|hc|route|sum_rows|rms_norm|rope|store|expand|order|indexer|engram|copy|gather|embed|argmax|stream_mean|pool|swiglu|add|scale|dequant|simulate)' \
+    -c ${PROFILE_KERNELS:-5200} "$BIN" bench decode --backend cuda --model /tmp/$p.gguf --device-cache 64 -n 3 \
+    --prompt-tokens 64 --graphs off > "$OUT/ncu_decode_$p.csv" 2> "$OUT/ncu_decode_$p.err"
+  summary+=("ncu decode $p exit $?: $(wc -l < "$OUT/ncu_decode_$p.csv") lines")
 fi
 printf '%s\n' "${summary[@]}"

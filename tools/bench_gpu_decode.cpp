@@ -140,6 +140,8 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     f.decode_stats.graph_nodes_set = stats1.graph_nodes_set - stats0.graph_nodes_set;
     f.decode_stats.step_host_ns = stats1.step_host_ns - stats0.step_host_ns;
     f.decode_stats.step_wait_ns = stats1.step_wait_ns - stats0.step_wait_ns;
+    f.decode_stats.step_device_ns = stats1.step_device_ns - stats0.step_device_ns;
+    f.decode_stats.steps_timed = stats1.steps_timed - stats0.steps_timed;
     f.launches_per_token = double(f.decode_stats.launches) / double(n);
     f.expert_bytes_per_token = double(expert_bytes) / double(n);
     return f;
@@ -147,7 +149,8 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
 
 }  // namespace
 
-int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len) {
+int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len,
+                   bool with_graphs, bool with_stream) {
     moestream_config c = cfg;
     c.runtime.backend = "cuda";
     // The slots fill from a host tier read through io_uring (the serving path), so a device cache
@@ -180,6 +183,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
     double t_gpu = 0;
     // Each step replayed as a CUDA graph (the default), then every kernel launched on the stream.
     for (bool graphs : {true, false}) {
+        if (graphs ? !with_graphs : !with_stream) continue;
         cuda::set_graphs(gpu, graphs);
         auto g = decode_on(s, *s.slots, prompt_len, n);
         if (!g) return fail(name, g.message());
@@ -190,7 +194,9 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
         const double bytes_floor = bytes / d2d, launch_floor = g->launches_per_token * (replayed ? *node : per_launch);
         std::printf("GPU, %s: prefill %.0f tok/s; decode %.3f ms/token (median of %lld; %.3f-%.3f), %.0f tok/s; %.0f "
                     "kernels per token (the published port: 6,669 launches)",
-                    graphs ? "graphs" : "stream launches", g->prefill_tps, t * 1e3, static_cast<long long>(n),
+                    graphs ? (cuda::graph_programmatic_edges() ? "graphs, programmatic edges" : "graphs, plain edges")
+                           : "stream launches",
+                    g->prefill_tps, t * 1e3, static_cast<long long>(n),
                     *std::min_element(g->token_s.begin(), g->token_s.end()) * 1e3,
                     *std::max_element(g->token_s.begin(), g->token_s.end()) * 1e3, 1.0 / t, g->launches_per_token);
         if (replayed)
@@ -199,8 +205,11 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                         static_cast<unsigned long long>(st.graph_updates),
                         st.graph_updates ? double(st.graph_nodes_set) / double(st.graph_updates) : 0.0);
         if (replayed)
-            std::printf("\n  a step: %.3f ms of host code and recording, then %.3f ms waiting for its graph",
-                        double(st.step_host_ns) / 1e6 / double(n), double(st.step_wait_ns) / 1e6 / double(n));
+            std::printf("\n  a step: %.3f ms of host code and recording, then %.3f ms waiting for its graph; the "
+                        "device's span of its graphs %.3f ms (the device time when a step is one graph: "
+                        "MOESTREAM_STEP_SEGMENT_OPS=0)",
+                        double(st.step_host_ns) / 1e6 / double(n), double(st.step_wait_ns) / 1e6 / double(n),
+                        st.steps_timed ? double(st.step_device_ns) / 1e6 / double(st.steps_timed) : 0.0);
         std::printf("\n");
         std::printf("  floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + %s floor %.3f ms "
                     "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
@@ -258,7 +267,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
 
 #else
 
-int run_gpu_decode(std::string_view name, const moestream_config&, int64_t, int64_t) {
+int run_gpu_decode(std::string_view name, const moestream_config&, int64_t, int64_t, bool, bool) {
     return fail(name, "--backend cuda: this build has no CUDA backend (nvcc was not found when it was built)");
 }
 

@@ -10,6 +10,7 @@ namespace moestream::tools {
 
 // Decode on the GPU against its floor measured in the same run, and on the CPU beside it;
 // returns the exit code.
-int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len);
+int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len,
+                   bool with_graphs = true, bool with_stream = true);
 
 }  // namespace moestream::tools

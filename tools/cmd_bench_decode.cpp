@@ -178,7 +178,10 @@ int run(const cli::args& a) {
         auto p = a.get_int("prompt-tokens", 2048);
         if (!p) return usage_error(kName, p.message());
         if (*p < 1) return usage_error(kName, "--prompt-tokens must be >= 1");
-        return run_gpu_decode(kName, *cfg, *n, *p);
+        const std::string graphs = a.get_or("graphs", "both");
+        if (graphs != "both" && graphs != "on" && graphs != "off")
+            return usage_error(kName, "--graphs must be both, on or off (got '" + graphs + "')");
+        return run_gpu_decode(kName, *cfg, *n, *p, graphs != "off", graphs != "on");
     }
     cfg->runtime.backend = "cpu";  // the tiers below are the CPU backend's
     std::vector<std::string> prompts;
@@ -268,6 +271,8 @@ const std::vector<cli::option_spec>& options() {
         {"n-predict", "N", "tokens generated per prompt (default 32)", 'n'},
         {"no-remap", "", "skip the comparison runs (without look-ahead, --io-mode remap-sync)"},
         {"prompt-tokens", "N", "--backend cuda: the prefill prompt's length (default 2048)"},
+        {"graphs", "both|on|off", "--backend cuda: decode with steps as CUDA graphs, with stream launches, or both "
+                                  "(default both; off alone suits a profiler that times kernels one by one)"},
     });
     return specs;
 }

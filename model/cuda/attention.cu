@@ -63,6 +63,7 @@ __device__ float block_max(const float* sc, int64_t n) {
 __global__ void __launch_bounds__(kChunkKeys) k_attention_scores(const attention_row* __restrict__ rows, int n_heads,
                                                                  int64_t head_dim, float scale, float* scores,
                                                                  int64_t max_keys) {
+    grid_dependency_prologue();
     extern __shared__ float q_s[];  // [head_dim]
     const int64_t rh = blockIdx.x;
     const attention_row& a = rows[rh / n_heads];
@@ -111,6 +112,7 @@ __global__ void __launch_bounds__(kChunkKeys) k_attention_scores(const attention
 __global__ void __launch_bounds__(kThreads) k_attention_partial(const attention_row* __restrict__ rows, int n_heads,
                                                                 int64_t head_dim, bool bf16_probs, float* scores,
                                                                 float* probs, float* partial, int64_t max_keys) {
+    grid_dependency_prologue();
     __shared__ float p_s[kChunkKeys];
     __shared__ const uint16_t* key_s[kChunkKeys];
     const int64_t rh = blockIdx.x;
@@ -149,6 +151,7 @@ __global__ void __launch_bounds__(kThreads) k_attention_combine(const attention_
                                                                 int64_t head_dim, const float* __restrict__ sinks,
                                                                 const float* scores, const float* probs,
                                                                 const float* partial, int64_t max_keys, int chunks) {
+    grid_dependency_prologue();
     __shared__ float inv_s;
     const int64_t rh = blockIdx.x;
     const attention_row& a = rows[rh / n_heads];
@@ -190,6 +193,7 @@ __global__ void __launch_bounds__(kThreads) k_attention_combine(const attention_
 __global__ void k_indexer_scores(const float* __restrict__ q, const float* __restrict__ w, int64_t n, int n_heads,
                                  int64_t head_dim, const float* __restrict__ keys, int64_t n_keys,
                                  const int64_t* __restrict__ n_visible, float* scores) {
+    grid_dependency_prologue();
     const int64_t item = int64_t(blockIdx.x) * kWarps + threadIdx.x / kWarp;
     const int lane = int(threadIdx.x) % kWarp;
     if (item >= n * n_keys) return;

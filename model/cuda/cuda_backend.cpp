@@ -61,6 +61,8 @@ class cuda_backend final : public backend {
         cudaStreamSynchronize(stream_);
         for (void* p : pending_free_) cudaFree(p);
         for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
+        for (cudaEvent_t ev : step_events_)
+            if (ev) cudaEventDestroy(ev);
         for (auto& s : scratch_)
             if (s.p) cudaFree(s.p);
         cudaFree(dev_stage_);
@@ -169,6 +171,13 @@ class cuda_backend final : public backend {
                                                 std::chrono::steady_clock::now() - step_launched_)
                                                 .count());
         }
+        if (step_timed_) {
+            step_timed_ = false;
+            float ms = 0;
+            check(cudaEventElapsedTime(&ms, step_events_[0], step_events_[1]), "cudaEventElapsedTime");
+            stats_.step_device_ns += uint64_t(double(ms) * 1e6);
+            ++stats_.steps_timed;
+        }
         MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
         stage_at_ = 0;  // every staged copy has finished
         gather_profile();
@@ -197,6 +206,8 @@ class cuda_backend final : public backend {
         step_recorder::active() = nullptr;
         capturing_ = false;
         launch_segment();
+        check(cudaEventRecord(step_events_[1], stream_), "cudaEventRecord");
+        step_timed_ = true;
         step_launched_ = std::chrono::steady_clock::now();
         stats_.step_host_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(step_launched_ - step_began_).count());
         waiting_for_step_ = true;
@@ -554,6 +565,10 @@ class cuda_backend final : public backend {
         ++segment_;
     }
     void launch_segment() {
+        if (segment_ == 0) {
+            ensure_step_events();
+            check(cudaEventRecord(step_events_[0], stream_), "cudaEventRecord");
+        }
         check(graph_.launch(rec_, host_stage_ + stage_begin_, dev_stage_ + stage_begin_, stage_at_ - stage_begin_,
                             stream_, segment_),
               "the step's CUDA graph");
@@ -637,6 +652,14 @@ class cuda_backend final : public backend {
     bool capturing_ = false;  // recording a step
     bool profiling_ = false;
     std::vector<cudaEvent_t> events_;
+    // Around a step's graphs: from before its first part's launch to after its last (read at the
+    // next wait into stats_.step_device_ns).
+    cudaEvent_t step_events_[2] = {nullptr, nullptr};
+    bool step_timed_ = false;
+    void ensure_step_events() {
+        for (cudaEvent_t& ev : step_events_)
+            if (!ev) check(cudaEventCreate(&ev), "cudaEventCreate");
+    }
     std::vector<const char*> event_names_;
     size_t events_used_ = 0;
     struct profile_entry {
@@ -760,32 +783,32 @@ result<double> graph_node_seconds(backend& be, int nodes, int rounds) {
     if (!c) return make_error("graph_node_seconds needs the CUDA backend");
     backend_array<float> one(be, 1);
     c->synchronize();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    check(cudaStreamBeginCapture(c->stream(), cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+    // Recorded and launched the way a step is (step_graph: its edges, programmatic or not).
+    step_recorder rec;
+    step_recorder::active() = &rec;
     for (int i = 0; i < nodes; ++i) check(kernels::round_bf16(c->stream(), one.data(), 1), "round_bf16");
-    check(cudaStreamEndCapture(c->stream(), &graph), "cudaStreamEndCapture");
-    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    step_recorder::active() = nullptr;
+    step_graph graph;
     cudaEvent_t start = nullptr, stop = nullptr;
     check(cudaEventCreate(&start), "cudaEventCreate");
     check(cudaEventCreate(&stop), "cudaEventCreate");
     std::vector<double> t;
     for (int r = 0; r <= rounds; ++r) {
         check(cudaEventRecord(start, c->stream()), "cudaEventRecord");
-        check(cudaGraphLaunch(exec, c->stream()), "cudaGraphLaunch");
+        check(graph.launch(rec, nullptr, nullptr, 0, c->stream()), "the probe's CUDA graph");
         check(cudaEventRecord(stop, c->stream()), "cudaEventRecord");
         check(cudaEventSynchronize(stop), "cudaEventSynchronize");
         float ms = 0;
         check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-        if (r > 0) t.push_back(double(ms) / 1e3 / nodes);  // the first replay warms up
+        if (r > 0) t.push_back(double(ms) / 1e3 / nodes);  // the first replay builds and warms up
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }
+
+bool graph_programmatic_edges() { return programmatic_edges(); }
 
 bool set_profile(backend& be, bool on) {
     auto* c = dynamic_cast<cuda_backend*>(&be);

@@ -54,6 +54,10 @@ struct backend_stats {
     // Host time from step_begin to step_end (the forward's host code and the recording), and
     // from step_end to the end of the next wait (the graph running), in nanoseconds.
     uint64_t step_host_ns = 0, step_wait_ns = 0;
+    // The device's span of a step's graphs (events before the first part's launch and after
+    // the last's): the device time of the step when it is one graph (MOESTREAM_STEP_SEGMENT_OPS=0);
+    // with parts it holds any time the device waited for the host's next part.
+    uint64_t step_device_ns = 0, steps_timed = 0;
     uint64_t uploads = 0, downloads = 0;
     uint64_t bytes_allocated = 0;
 };
@@ -80,6 +84,8 @@ std::vector<op_time> take_profile(backend& be);
 // The device time per kernel of a CUDA graph of `nodes` one-element kernels (the floor of a
 // step replayed as a graph), measured over `rounds` replays (median).
 result<double> graph_node_seconds(backend& be, int nodes, int rounds);
+// Whether step graphs join consecutive kernels by programmatic edges (step_graph.h).
+bool graph_programmatic_edges();
 
 // Seconds the device spent on `work` (ops issued on a CUDA backend `be`), timed with events on
 // the backend's stream; waits for it. An error when `be` is not a CUDA backend.

@@ -36,26 +36,68 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared floats a warp gives warp_sum_of_squares (two chunks of kSsqChunk).
+inline constexpr int kSsqChunk = 1024;  // a multiple of 16 (the lanes' order) and of 128 (32 lanes x float4)
+inline constexpr int kSsqStageFloats = 2 * kSsqChunk;
+
 // The CPU's sum_of_squares over x[0..n) in double (16 interleaved lanes, each in order, then the
 // 8/4/2/1 tree), bit for bit, by one warp (lanes 0..15 hold the lanes); every lane gets the sum.
-__device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane) {
+// The row comes through `stage` (kSsqStageFloats of the warp's shared memory, 16-byte aligned) in
+// chunks: the whole warp copies chunk c + 1 (cp.async, 16 bytes a lane where aligned, all of the
+// chunk in flight at once) while lanes 0..15 add chunk c from shared memory. Read from global
+// memory by the 16 adding lanes themselves, eight loads in flight, a 4k-value row (hc_mixes) took
+// ~16 us: 32 memory latencies in a row.
+__device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane, float* stage) {
+    const bool vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+    const int64_t chunks = (n + kSsqChunk - 1) / kSsqChunk;
+    const auto issue = [&](int64_t c) {
+        float* buf = stage + (c & 1) * kSsqChunk;
+        const int64_t base = c * kSsqChunk;
+        const int64_t m = n - base < kSsqChunk ? n - base : kSsqChunk;
+        if (vec && m == kSsqChunk) {
+#pragma unroll
+            for (int j = 0; j < kSsqChunk / 128; ++j) {
+                const int at = 4 * (lane + 32 * j);
+                cp_async16(smem_addr(buf + at), x + base + at);
+            }
+        } else {
+            for (int64_t i = lane; i < m; i += kWarp) cp_async4(smem_addr(buf + i), x + base + i);
+        }
+        cp_async_commit();
+    };
+    __syncwarp();  // a previous call's reads of the stage are done
+    if (chunks > 0) issue(0);
     double acc = 0.0;
-    if (lane < 16) {
-        // Eight loads in flight before their (ordered) adds: one at a time, a 4k-value row took
-        // 256 memory latencies.
-        int64_t i = lane;
-        for (; i + 7 * 16 < n; i += 8 * 16) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = x[i + u * 16];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) acc = __dadd_rn(acc, __dmul_rn(double(v[u]), double(v[u])));
-        }
-        for (; i < n; i += 16) {
-            const double v = double(x[i]);
-            acc = __dadd_rn(acc, __dmul_rn(v, v));
-        }
+    for (int64_t c = 0; c < chunks; ++c) {
+        if (c + 1 < chunks) issue(c + 1);
+        else cp_async_commit();  // an empty group: wait<1> below then means chunk c
+        cp_async_wait<1>();
+        __syncwarp();
+        const float* buf = stage + (c & 1) * kSsqChunk;
+        const int64_t m = n - c * kSsqChunk < kSsqChunk ? n - c * kSsqChunk : kSsqChunk;
+        if (lane < 16)
+            for (int64_t i = lane; i < m; i += 16) {  // chunks start at multiples of 16: lane i % 16 of the CPU
+                const double v = double(buf[i]);
+                acc = __dadd_rn(acc, __dmul_rn(v, v));
+            }
+        __syncwarp();  // chunk c's buffer may be written again (chunk c + 2)
     }
+    cp_async_wait<0>();
 #pragma unroll
     for (int o = 8; o >= 1; o >>= 1) {
         const double other = __shfl_down_sync(kFullMask, acc, o);
@@ -65,8 +107,8 @@ __device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n,
 }
 
 // The CPU's inv_rms: 1 / sqrt(float(Σx² / n) + eps), by one warp.
-__device__ __forceinline__ float warp_inv_rms(const float* x, int64_t n, float eps, int lane) {
-    const double ss = warp_sum_of_squares(x, n, lane);
+__device__ __forceinline__ float warp_inv_rms(const float* x, int64_t n, float eps, int lane, float* stage) {
+    const double ss = warp_sum_of_squares(x, n, lane, stage);
     const float mean = __double2float_rn(__ddiv_rn(ss, double(n)));
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
@@ -102,6 +144,20 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&out)[N])
 }
 
 __device__ __forceinline__ float bf16_bits_value(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+
+// Every kernel's first statement. Kernel nodes of a step graph follow each other through
+// programmatic edges (step_graph.cpp), so a kernel's blocks may be scheduled while the kernel
+// before it still runs, which hides the launch latency between the two (~1,200 dependent kernels
+// a decode step): wait holds until that kernel has completed and its writes are visible, before
+// this one touches any memory (the previous kernels' too: each of them waited for its own
+// predecessor); launch_dependents then lets the next kernel be scheduled. Both are no-ops for a
+// kernel launched without a programmatic dependency (streams, the other graph edges).
+__device__ __forceinline__ void grid_dependency_prologue() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 // Blocks of `threads` covering `count` items.
 inline unsigned grid_for(int64_t count, int threads) {

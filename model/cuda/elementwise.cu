@@ -11,15 +11,18 @@ namespace moestream::cuda::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kNormWarps = 4;  // rows (a warp each) per block of k_rms_norm
 
 // ---- RMSNorm: the CPU's inverse RMS and scaling, bit for bit; one warp per row. ----
 __global__ void k_rms_norm(const float* __restrict__ x, int64_t n, int64_t dim, const float* __restrict__ w, float eps,
                            float* y, bool round) {
+    grid_dependency_prologue();
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (row >= n) return;
+    __shared__ __align__(16) float stage[kNormWarps][kSsqStageFloats];
     const float* xr = x + row * dim;
-    const float s = warp_inv_rms(xr, dim, eps, lane);
+    const float s = warp_inv_rms(xr, dim, eps, lane, stage[threadIdx.x / kWarp]);
     float* yr = y + row * dim;
     for (int64_t i = lane; i < dim; i += kWarp) {
         float v = __fmul_rn(xr[i], s);
@@ -29,20 +32,24 @@ __global__ void k_rms_norm(const float* __restrict__ x, int64_t n, int64_t dim, 
 }
 
 __global__ void k_round_bf16(float* x, int64_t count) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(i, count) x[i] = numeric::round_bf16(x[i]);
 }
 
 __global__ void k_scale_round(float* x, int64_t count, float s) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(i, count) x[i] = numeric::round_bf16(__fmul_rn(x[i], s));
 }
 
 __global__ void k_add(float* y, const float* x, int64_t count) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(i, count) y[i] = __fadd_rn(y[i], x[i]);
 }
 
 // ---- RoPE: pair i of every head of row r turns by fp32(pos[r]) * freqs[i]. ----
 __global__ void k_rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
                        const int64_t* __restrict__ pos, const float* __restrict__ freqs, bool inverse) {
+    grid_dependency_prologue();
     const int64_t pairs = rope_dim / 2;
     MS_GRID_LOOP(t, n * n_heads * pairs) {
         const int64_t i = t % pairs, h = (t / pairs) % n_heads, r = t / (pairs * n_heads);
@@ -83,6 +90,7 @@ __device__ __forceinline__ float element(ggml_type type, const uint8_t* row, int
 
 __global__ void k_embed(ggml_type type, const uint8_t* __restrict__ table, int64_t row_bytes, int64_t dim,
                         const int32_t* __restrict__ tokens, int64_t n, int copies, float* out) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
         const float v = numeric::round_bf16(element(type, table + int64_t(tokens[r]) * row_bytes, d));
@@ -92,6 +100,7 @@ __global__ void k_embed(ggml_type type, const uint8_t* __restrict__ table, int64
 
 __global__ void k_stream_mean(const float* __restrict__ H, int64_t n, int hc, int64_t dim, float* out,
                               int64_t out_stride) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
         float s = 0.0f;
@@ -101,6 +110,7 @@ __global__ void k_stream_mean(const float* __restrict__ H, int64_t n, int hc, in
 }
 
 __global__ void k_copy_rows(const row_copy* __restrict__ jobs, int64_t n_jobs, int64_t count) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n_jobs * count) {
         const row_copy& j = jobs[t / count];
         j.dst[t % count] = j.src[t % count];
@@ -109,10 +119,12 @@ __global__ void k_copy_rows(const row_copy* __restrict__ jobs, int64_t n_jobs, i
 
 __global__ void k_gather_rows(const float* __restrict__ src, int64_t src_stride, const int64_t* __restrict__ rows,
                               int64_t m, int64_t dim, float* dst) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, m * dim) dst[t] = src[rows[t / dim] * src_stride + t % dim];
 }
 
 __global__ void k_pool_pairs(const pair_pool* __restrict__ jobs, int64_t n_jobs, int64_t dim) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n_jobs * dim) {
         const pair_pool& j = jobs[t / dim];
         const int64_t ch = t % dim;
@@ -126,6 +138,7 @@ __global__ void k_pool_pairs(const pair_pool* __restrict__ jobs, int64_t n_jobs,
 // Key k of the launch: its job by binary search on the jobs' first keys.
 __global__ void k_store_keys(const key_store* __restrict__ jobs, const int64_t* __restrict__ first_key, int64_t n_jobs,
                              int64_t total, int64_t head_dim, unsigned int* bad) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, total * head_dim) {
         const int64_t key = t / head_dim, d = t % head_dim;
         int64_t lo = 0, hi = n_jobs - 1;
@@ -144,6 +157,7 @@ __global__ void k_store_keys(const key_store* __restrict__ jobs, const int64_t* 
 
 __global__ void k_dequant_fp8_rows(const uint8_t* __restrict__ values, const uint8_t* __restrict__ scales, int64_t rows,
                                    int64_t n, float* out) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, rows * n) {
         const int64_t r = t / n, i = t % n;
         const float v = __fmul_rn(numeric::e4m3_value(values[t]), numeric::e8m0_value(scales[r * (n / 32) + i / 32]));
@@ -154,6 +168,7 @@ __global__ void k_dequant_fp8_rows(const uint8_t* __restrict__ values, const uin
 // One block per row: each thread the best of its strided share (the first of equal values), then
 // a tree that keeps the lower index at ties: the first maximum, as std::max_element.
 __global__ void k_argmax_rows(const float* __restrict__ x, int64_t cols, int32_t* out) {
+    grid_dependency_prologue();
     __shared__ float best_v[kThreads];
     __shared__ int64_t best_i[kThreads];
     const float* xr = x + int64_t(blockIdx.x) * cols;
@@ -183,6 +198,7 @@ __global__ void k_argmax_rows(const float* __restrict__ x, int64_t cols, int32_t
 
 __global__ void k_swiglu(float* g, const float* __restrict__ u, int64_t n, int64_t inter, float limit,
                          const float* __restrict__ w) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * inter) {
         const float gv = fminf(g[t], limit);
         const float uv = fminf(fmaxf(u[t], -limit), limit);
@@ -203,6 +219,7 @@ __device__ __forceinline__ float pow2_ceil(float v) {
 __device__ __forceinline__ float clampf(float v, float lo, float hi) { return v < lo ? lo : (hi < v ? hi : v); }
 
 __global__ void k_simulate_quant(act_quant_kind kind, float* x, int64_t blocks) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(b, blocks) {
         if (kind == act_quant_kind::fp8_e8m0_32) {
             float* p = x + b * 32;
@@ -234,7 +251,7 @@ __global__ void k_simulate_quant(act_quant_kind kind, float* x, int64_t blocks) 
 cudaError_t rms_norm(cudaStream_t s, const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                      bool round) {
     if (n == 0) return cudaSuccess;
-    constexpr int rows_per_block = 4;
+    constexpr int rows_per_block = kNormWarps;
     return launch_kernel(s, k_rms_norm, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, x, n, dim,
                          w, eps, y, round);
 }

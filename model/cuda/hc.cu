@@ -10,6 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxHc = 8;
+constexpr int kRowsPerBlock = 4;  // warps of k_hc_mixes and k_engram_gate blocks
 
 // The comb matrix of a row lives in one warp's registers: element e = i * hc + j in lane e % 32,
 // register e / 32 (hc <= 8: 64 elements, two registers). A line's sum reads its elements from
@@ -45,10 +46,12 @@ __device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int
 __global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc,
                            int64_t dim, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                            float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
+    grid_dependency_prologue();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (r >= n) return;  // whole warps leave together
-    const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane);
+    __shared__ __align__(16) float stage[kRowsPerBlock][kSsqStageFloats];
+    const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
     const int n_mix = (2 + hc) * hc, n_comb = hc * hc;
     const float* m = mix_in + r * n_mix;
     if (lane < hc) {
@@ -118,6 +121,7 @@ __device__ __forceinline__ void expand_at(float f, const float* H, int hc, int64
 
 __global__ void k_hc_collapse(const float* __restrict__ H, int64_t n, int hc, int64_t dim, const float* __restrict__ p,
                               float* out) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
         out[t] = collapse_at(H + r * hc * dim, hc, dim, p + r * hc, d);
@@ -126,6 +130,7 @@ __global__ void k_hc_collapse(const float* __restrict__ H, int64_t n, int hc, in
 
 __global__ void k_hc_expand(const float* __restrict__ f, const float* H, int64_t n, int hc, int64_t dim,
                             const float* __restrict__ post, const float* __restrict__ comb, float* out) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
         expand_at(f[t], H + r * hc * dim, hc, dim, post + r * hc, comb + r * hc * hc, d, out + r * hc * dim);
@@ -136,6 +141,7 @@ __global__ void k_hc_expand(const float* __restrict__ f, const float* H, int64_t
 // sub-layer's input (cpu_backend::output_sum's adding pass).
 __global__ void k_sum_rows(const float* const* __restrict__ src, const int64_t* __restrict__ starts, int64_t n,
                            int64_t dim, float* f, hc_update upd) {
+    grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
         float acc = 0.0f;
@@ -153,6 +159,7 @@ __global__ void k_sum_rows(const float* const* __restrict__ src, const int64_t* 
 // 16 double lanes and tree), the gate, then the stream's update.
 __global__ void k_engram_gate(float* H, int64_t n, int hc, int64_t dim, const float* __restrict__ kv,
                               const float* __restrict__ qk, float norm_eps) {
+    grid_dependency_prologue();
     const int64_t item = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (item >= n * hc) return;
@@ -161,8 +168,9 @@ __global__ void k_engram_gate(float* H, int64_t n, int hc, int64_t dim, const fl
     float* Hk = H + (r * hc + k) * dim;
     const float* key = kv + (r * (hc + 1) + k) * dim;
     const float* value = kv + (r * (hc + 1) + hc) * dim;
-    const float sh = warp_inv_rms(Hk, dim, norm_eps, lane);
-    const float sk = warp_inv_rms(key, dim, norm_eps, lane);
+    __shared__ __align__(16) float stage[kRowsPerBlock][kSsqStageFloats];
+    const float sh = warp_inv_rms(Hk, dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
+    const float sk = warp_inv_rms(key, dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
     const float* w = qk + k * dim;
     double acc = 0.0;
     if (lane < 16)
@@ -191,7 +199,7 @@ cudaError_t hc_mixes(cudaStream_t s, const float* H, const float* mix, int64_t n
                      float* post, float* comb) {
     if (n == 0) return cudaSuccess;
     if (hc > kMaxHc) return cudaErrorInvalidValue;
-    constexpr int rows_per_block = 4;
+    constexpr int rows_per_block = kRowsPerBlock;
     return launch_kernel(s, k_hc_mixes, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, H, mix, n,
                          hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb);
 }
@@ -221,7 +229,7 @@ cudaError_t sum_rows(cudaStream_t s, const float* const* src, const int64_t* sta
 cudaError_t engram_gate(cudaStream_t s, float* H, int64_t n, int hc, int64_t dim, const float* kv, const float* qk,
                         float norm_eps) {
     if (n * hc == 0) return cudaSuccess;
-    constexpr int warps = 4;
+    constexpr int warps = kRowsPerBlock;
     return launch_kernel(s, k_engram_gate, dim3(grid_for(n * hc, warps)), dim3(warps * kWarp), 0, H, n, hc, dim, kv,
                          qk, norm_eps);
 }

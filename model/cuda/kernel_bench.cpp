@@ -65,7 +65,7 @@ result<timing> copy_seconds(backend& be, size_t bytes, int rounds) {
     return summary(t);
 }
 
-result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int rounds) {
+result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int rounds, bool graph) {
     const int mats = c.jobs * (c.pair ? 2 : 1);
     const int sets = sets_for(weight_bytes(c));
     const auto host = random_matrix(c.type, c.rows, c.cols);
@@ -105,7 +105,9 @@ result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int 
     std::vector<double> t;
     for (int r = 0; r <= rounds; ++r) {
         auto secs = device_seconds(be, [&] {
+            if (graph) be.step_begin();
             for (const auto& l : launches) be.matmul_batch(l);
+            if (graph) be.step_end();
         });
         if (!secs) return secs.err();
         if (r > 0) t.push_back(*secs / sets);

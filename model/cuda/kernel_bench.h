@@ -31,7 +31,9 @@ struct matmul_case {
 };
 // Weight bytes one launch of the case reads.
 double weight_bytes(const matmul_case& c);
-result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int rounds);
+// Seconds per launch; `graph`: the launches of a round recorded as one step and replayed as a
+// CUDA graph (how a decode step runs them), else launched on the stream.
+result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int rounds, bool graph = false);
 
 // The same shapes through cuBLAS (BF16 weights and x, fp32 accumulation: cublasGemmEx), one GEMM
 // per matrix; cuBLAS is loaded when first used (an error says why when it cannot be).

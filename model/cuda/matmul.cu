@@ -292,6 +292,7 @@ __device__ __forceinline__ void cuda_core_block(const mm_job& jb, int64_t local,
 
 template <ggml_type T>
 __global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs) {
+    grid_dependency_prologue();
     extern __shared__ float xs[];
     const int64_t blk = blockIdx.x;
     const mm_job& jb = find_job(jobs, n_jobs, blk);
@@ -301,6 +302,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict
 // MXFP4 launches: a job planned for the tensor cores (block_rows = -tiles per block, see
 // matmul_mma.cuh) runs the mma path; the others (shapes it does not take) the CUDA-core one.
 __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_job* __restrict__ jobs, int n_jobs) {
+    grid_dependency_prologue();
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
     __shared__ int sexp[mma::kMmaGroupRows];

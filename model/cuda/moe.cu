@@ -13,6 +13,7 @@ constexpr int kMaxK = 16;
 
 __global__ void k_order_picks(const int32_t* __restrict__ picks, const float* __restrict__ weights, int64_t n, int k,
                               int32_t* sorted_picks, float* sorted_weights) {
+    grid_dependency_prologue();
     const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (r >= n) return;
     int32_t p[kMaxK];
@@ -32,6 +33,7 @@ __global__ void k_order_picks(const int32_t* __restrict__ picks, const float* __
 __global__ void k_expand_routed_jobs(const mm_job* __restrict__ templates, int n_jobs, int per,
                                      const int32_t* __restrict__ sorted_picks, const int32_t* __restrict__ slot_of,
                                      const uint8_t* base, size_t slot_bytes, mm_job* out) {
+    grid_dependency_prologue();
     const int i = int(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= n_jobs) return;
     mm_job j = templates[i];

@@ -93,6 +93,7 @@ __device__ void for_each_selected(const float* v, int64_t n, threshold t, int* s
 
 // One block per row of an item (cpu_backend::indexer_select, step for step).
 __global__ void __launch_bounds__(kThreads) k_indexer_select(indexer_pick p, float* block_scores) {
+    grid_dependency_prologue();
     __shared__ unsigned int hist[256];
     __shared__ int scan[kThreads];
     const int64_t t = blockIdx.x;
@@ -139,16 +140,52 @@ __global__ void __launch_bounds__(kThreads) k_indexer_select(indexer_pick p, flo
 }
 
 // One warp per row: k rounds of the warp's best (value descending, lower index at ties) among
-// the experts not yet picked, over s + bias; then the weights from the unbiased scores.
+// the experts not yet picked, over s + bias; then the weights from the unbiased scores. A lane
+// holds its experts' biased scores (i = lane + 32 m) in registers for all k rounds when the
+// layer has at most 32 kRouteRegs experts, and reads them again each round otherwise: the
+// candidates and the order they are compared in are the same either way.
+constexpr int kRouteRegs = 16;
+
+__device__ __forceinline__ void warp_best(float& best, int32_t& best_i) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        const float ov = __shfl_xor_sync(kFullMask, best, o);
+        const int32_t oi = __shfl_xor_sync(kFullMask, best_i, o);
+        if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) best = ov, best_i = oi;
+    }
+}
+
 __global__ void k_route(const float* __restrict__ scores, const float* __restrict__ bias, int64_t n, int n_experts, int k,
                         double route_scale, bool select, int32_t* picks, float* weights) {
+    grid_dependency_prologue();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = int(threadIdx.x) % kWarp;
     if (r >= n) return;
     const float* s = scores + r * n_experts;
     int32_t* p = picks + r * k;
-    if (select) {
-        int32_t chosen[16];
+    int32_t chosen[16];
+    if (select && n_experts <= kWarp * kRouteRegs) {
+        float v[kRouteRegs];
+#pragma unroll
+        for (int m = 0; m < kRouteRegs; ++m) {
+            const int i = lane + kWarp * m;
+            v[m] = i < n_experts ? __fadd_rn(s[i], bias[i]) : 0.0f;
+        }
+        uint32_t taken = 0;  // bit m: expert lane + 32 m was picked in an earlier round
+        for (int j = 0; j < k; ++j) {
+            float best = 0.0f;
+            int32_t best_i = -1;
+#pragma unroll
+            for (int m = 0; m < kRouteRegs; ++m) {
+                const int i = lane + kWarp * m;
+                if (i >= n_experts || (taken >> m & 1u)) continue;
+                if (best_i < 0 || v[m] > best) best = v[m], best_i = i;
+            }
+            warp_best(best, best_i);
+            if (best_i >= 0 && best_i % kWarp == lane) taken |= 1u << (best_i / kWarp);
+            chosen[j] = best_i;
+        }
+    } else if (select) {
         for (int j = 0; j < k; ++j) {
             float best = 0.0f;
             int32_t best_i = -1;
@@ -159,24 +196,21 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
                 const float v = __fadd_rn(s[i], bias[i]);
                 if (best_i < 0 || v > best) best = v, best_i = i;
             }
-#pragma unroll
-            for (int o = 16; o >= 1; o >>= 1) {
-                const float ov = __shfl_xor_sync(kFullMask, best, o);
-                const int32_t oi = __shfl_xor_sync(kFullMask, best_i, o);
-                if (oi >= 0 && (best_i < 0 || ov > best || (ov == best && oi < best_i))) best = ov, best_i = oi;
-            }
+            warp_best(best, best_i);
             chosen[j] = best_i;
         }
-        if (lane == 0)
-            for (int j = 0; j < k; ++j) p[j] = chosen[j];
     }
+    if (select && lane == 0)
+        for (int j = 0; j < k; ++j) p[j] = chosen[j];
     __syncwarp();
     if (!weights || lane != 0) return;
+    if (!select)
+        for (int j = 0; j < k; ++j) chosen[j] = p[j];
     float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, s[p[j]]);
+    for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, s[chosen[j]]);
     for (int j = 0; j < k; ++j)
         weights[r * k + j] =
-            __double2float_rn(__dmul_rn(double(__fdiv_rn(s[p[j]], __fadd_rn(sum, 1e-20f))), route_scale));
+            __double2float_rn(__dmul_rn(double(__fdiv_rn(s[chosen[j]], __fadd_rn(sum, 1e-20f))), route_scale));
 }
 
 }  // namespace

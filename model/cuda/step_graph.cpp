@@ -1,5 +1,6 @@
 #include "model/cuda/step_graph.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace moestream::cuda {
@@ -40,6 +41,14 @@ std::pair<size_t, size_t> arg_range(const step_op& op, const std::vector<uint32_
 }
 
 }  // namespace
+
+bool programmatic_edges() {
+    static const bool on = [] {
+        const char* v = std::getenv("MOESTREAM_PDL");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
 
 step_graph::~step_graph() {
     for (auto& e : cache_) release(e);
@@ -83,6 +92,7 @@ cudaError_t step_graph::build(entry& e, const step_recorder& rec, const void* st
         add(n);
     }
     std::vector<void*> pointers;
+    bool prev_kernel = false;
     for (const step_op& op : rec.ops()) {
         cudaGraphNode_t n = nullptr;
         const size_t deps = prev ? 1 : 0;
@@ -90,7 +100,19 @@ cudaError_t step_graph::build(entry& e, const step_recorder& rec, const void* st
         switch (op.what) {
             case step_op::kind::kernel: {
                 const cudaKernelNodeParams p = kernel_params(op, rec.args(), rec.arg_offsets().data(), pointers);
-                err = cudaGraphAddKernelNode(&n, e.graph, &prev, deps, &p);
+                if (prev_kernel && programmatic_edges()) {
+                    // Kernel after kernel: a programmatic edge (device_common.cuh's
+                    // grid_dependency_prologue waits for the predecessor inside the kernel).
+                    err = cudaGraphAddKernelNode(&n, e.graph, nullptr, 0, &p);
+                    if (err == cudaSuccess) {
+                        cudaGraphEdgeData edge{};
+                        edge.from_port = cudaGraphKernelNodePortProgrammatic;
+                        edge.type = cudaGraphDependencyTypeProgrammatic;
+                        err = cudaGraphAddDependencies(e.graph, &prev, &n, &edge, 1);
+                    }
+                } else {
+                    err = cudaGraphAddKernelNode(&n, e.graph, &prev, deps, &p);
+                }
                 break;
             }
             case step_op::kind::copy:
@@ -104,6 +126,7 @@ cudaError_t step_graph::build(entry& e, const step_recorder& rec, const void* st
         }
         if (err != cudaSuccess) return err;
         add(n);
+        prev_kernel = op.what == step_op::kind::kernel;
     }
     if (cudaError_t err = cudaGraphInstantiate(&e.exec, e.graph, 0); err != cudaSuccess) return err;
     e.ops = rec.ops();
