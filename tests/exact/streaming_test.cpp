@@ -120,7 +120,9 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                                      << k.device_hits << ", host hits " << k.host_hits << ", joins " << k.joins
                                      << ", disk reads " << k.disk_reads << " (" << k.disk_bytes << " B), look-ahead " << k.hint_reads << "/"
                                      << k.hint_used << ", max in flight "
-                                     << io.max_in_flight << (c.remap ? " (remap-sync)" : ""));
+                                     << io.max_in_flight << ", mean completion post "
+                                     << (k.completions_posted ? 1e6 * k.completion_post_seconds / double(k.completions_posted) : 0.0)
+                                     << " us" << (c.remap ? " (remap-sync)" : ""));
         BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth);
         BOOST_TEST(k.read_errors == 0u);
         BOOST_TEST(io.max_in_flight <= c.depth);
