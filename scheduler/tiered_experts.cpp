@@ -299,7 +299,7 @@ void tiered_experts::on_hint(int layer, const std::vector<int32_t>& experts) {
 }
 
 void tiered_experts::submit_hints() {
-    if (opts_.remap_sync) return;  // the baseline has no look-ahead
+    if (opts_.remap_sync || stopping_) return;  // the baseline has no look-ahead; the reader may be gone
     if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
     std::vector<io::read_request> batch;
     for (expert_key key : hinted_) {
