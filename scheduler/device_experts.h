@@ -7,7 +7,10 @@
 // sits never changes a result: its bytes are the file's wherever it lies.
 //
 // This is the synchronous first version of the device tier (issue 15 streams it from the host
-// tier and the disk through the coroutine scheduler).
+// tier and the disk through the coroutine scheduler): it keeps the default async_ready() (an
+// answer at once, from acquire_ready), so a forward over it never suspends, and a fill takes
+// its expert from the host tier with the tier's blocking get(), which blocks the calling thread
+// (counted in tier_counters::blocking_waits).
 #pragma once
 
 #include <cstdint>

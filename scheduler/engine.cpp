@@ -1,5 +1,6 @@
 #include "scheduler/engine.h"
 
+#include "scheduler/asio_task.h"
 #include "scheduler/engine_active.h"
 #include "scheduler/event_outbox.h"
 
@@ -286,10 +287,10 @@ asio::awaitable<void> engine::step_loop() {
         std::vector<float> logits;
         const forward_waits waits_before = opts_.waits ? opts_.waits() : forward_waits{};
         const auto forward_start = steady::now();
-        // The forward blocks (compute, expert reads): it runs on the compute thread and the
-        // strand awaits its completion.
-        const status st = co_await asio::co_spawn(
-            compute_, [&]() -> asio::awaitable<status> { co_return model_.forward(items, logits); }, asio::use_awaitable);
+        // The forward is a coroutine: its compute runs on the compute thread, and while it awaits
+        // experts it is suspended (no thread waits) until the tiers' strand posts it back there.
+        // The step loop is suspended meanwhile; the strand goes on with other handlers.
+        const status st = co_await run_task(model_.forward_async(items, logits, compute_exec_), compute_exec_);
         const int64_t step_experts = st ? model_.last_forward_experts() : -1;
         // A failed forward changed no sequence. The cause may concern only some of them (an
         // expert only one of them routed to could not be read): run each alone once, without
@@ -306,9 +307,8 @@ asio::awaitable<void> engine::step_loop() {
             logits.assign(first_row.back() * size_t(hp.vocab), 0.0f);
             for (size_t i = 0; i < running_.size(); ++i) {
                 std::vector<float> one;
-                const status st1 = co_await asio::co_spawn(
-                    compute_, [&]() -> asio::awaitable<status> { co_return model_.forward({&items[i], 1}, one); },
-                    asio::use_awaitable);
+                const status st1 =
+                    co_await run_task(model_.forward_async({&items[i], 1}, one, compute_exec_), compute_exec_);
                 if (!st1) failed[i] = st1.message();
                 else std::copy(one.begin(), one.end(), logits.begin() + std::ptrdiff_t(first_row[i] * size_t(hp.vocab)));
             }

@@ -1,8 +1,10 @@
 // The generation engine: continuous batching of many requests over one model, driven by a C++20
 // coroutine on Boost.Asio. One strand owns the scheduling state (waiting queue, active sequences,
 // samplers); each step gathers every active sequence's next rows (a prefill chunk or one decode
-// token) into one forward, which runs on the compute thread (it blocks on expert reads there) and
-// is awaited from the strand; then every sequence samples its token and the tokens are delivered
+// token) into one forward, a coroutine (model::forward_async) started from the strand whose compute
+// runs on the compute thread; while it awaits experts it is suspended and no thread waits (the
+// tiers' strand posts it back; scheduler/asio_task.h). The strand awaits its end; then every
+// sequence samples its token and the tokens are delivered
 // through per-request channels. A forward's rows are bit-identical to running each sequence
 // alone (see the exactness suite), so batching never changes anyone's tokens.
 //
@@ -40,6 +42,7 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/sampler.h"
+#include "scheduler/asio_task.h"
 #include "scheduler/engine_spec.h"
 #include "scheduler/token_constraint.h"
 
@@ -212,7 +215,10 @@ class engine {
     boost::asio::io_context io_;
     std::shared_ptr<boost::asio::io_context> channels_ = std::make_shared<boost::asio::io_context>();
     boost::asio::strand<boost::asio::io_context::executor_type> strand_;
-    boost::asio::thread_pool compute_{1};  // forwards run here: they block on expert reads
+    // Forwards compute here; a forward awaiting experts is suspended and occupies no thread. The
+    // DSpark drafter still calls model::draft() (run_sync) here, so its waits do.
+    boost::asio::thread_pool compute_{1};
+    asio_coro_executor compute_exec_{compute_.get_executor()};  // the forwards' coro::executor
     boost::asio::steady_timer wake_;       // the step loop sleeps on it while nothing is queued
     std::vector<std::unique_ptr<active>> waiting_, running_;  // strand-owned
     std::unique_ptr<prefix_pool> states_;                      // strand-owned

@@ -4,11 +4,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <future>
 
 namespace moestream {
+namespace asio = boost::asio;
 namespace {
 
 using storage::expert_key;
@@ -22,19 +26,43 @@ uint64_t make_tag(int layer, int32_t expert, int p) {
 
 }  // namespace
 
-tiered_experts::tiered_experts(const loaded_model& m, tier_options opts) : m_(m), opts_(std::move(opts)) {}
+tiered_experts::tiered_experts(const loaded_model& m, tier_options opts)
+    : m_(m),
+      opts_(std::move(opts)),
+      own_io_(opts_.executor ? nullptr : std::make_unique<asio::io_context>(1)),
+      strand_(asio::make_strand(opts_.executor ? opts_.executor : asio::any_io_executor(own_io_->get_executor()))) {
+    if (own_io_) {
+        own_work_.emplace(own_io_->get_executor());
+        own_thread_ = std::thread([io = own_io_.get()] { io->run(); });
+    }
+}
 
 tiered_experts::~tiered_experts() {
-    if (copier_.joinable()) {
-        {
-            std::lock_guard lock(mu_);
-            copy_stop_ = true;
-        }
-        copy_wake_.notify_all();
-        copier_.join();
+    // Nothing new starts; then every copy, held-back completion and read still out ends, each
+    // through its strand handler, before the tiers go.
+    run_on_strand([this] { stopping_ = true; });
+    if (copier_) copier_->join();  // copies in progress post their completions
+    reader_.reset();  // every in-flight read completes (or is cancelled) and posts its completion
+    for (bool done = false; !done;) {
+        run_on_strand([&] { done = in_progress_ == 0; });
+        if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));  // held-back completions
     }
-    reader_.reset();  // every in-flight read completes (or is cancelled) before the tiers go
+    run_on_strand([this] {
+        MS_ASSERT_MSG(waiters_.empty(), "tiered_experts destroyed while a forward awaits its experts");
+    });
+    own_work_.reset();
+    if (own_thread_.joinable()) own_thread_.join();
     for (int fd : remap_fds_) ::close(fd);
+}
+
+void tiered_experts::run_on_strand(std::function<void()> fn) const {
+    std::promise<void> done;
+    auto f = done.get_future();
+    asio::post(strand_, [&] {
+        fn();
+        done.set_value();
+    });
+    f.wait();
 }
 
 const tiered_experts::layout& tiered_experts::layout_of(int layer, int32_t expert) const {
@@ -116,7 +144,15 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         t->device_ = std::make_unique<storage::expert_cache>(t->device_slots_, std::move(*dp));
     }
     tiered_experts* self = t.get();
-    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) { self->on_read(tag, st); });
+    // The reaper only posts: the completion is the strand's (docs/streaming.md: why not the eventfd).
+    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) {
+        asio::post(self->strand_, [self, tag, st, at = std::chrono::steady_clock::now()] {
+            ++self->counters_.completions_posted;
+            self->counters_.completion_post_seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
+            self->on_read(tag, st);
+        });
+    });
     if (!reader) return reader.err();
     t->reader_ = std::move(*reader);
     const std::span<std::byte> regions[] = {t->host_buf_.span()};
@@ -129,8 +165,8 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         }
         t->remap_pool_ = std::make_unique<thread_pool>(std::max(1, opts.remap_threads));
     }
-    // The baseline (remap-sync) copies on the compute thread, as the published port does.
-    if (t->device_ && !opts.remap_sync) t->copier_ = std::thread([self] { self->copy_loop(); });
+    // The baseline (remap-sync) copies on the compute path, as the published port does.
+    if (t->device_ && !opts.remap_sync) t->copier_ = std::make_unique<asio::thread_pool>(1);
     return t;
 }
 
@@ -145,6 +181,7 @@ dsv41::expert_weights tiered_experts::views(const layout& l, const std::byte* ba
 }
 
 bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& batch) {
+    if (stopping_) return false;
     auto grant = host_->begin_load(key);
     if (!grant) return false;  // every host slot pinned or loading: later
     if (grant->evicted) hint_started_.erase(*grant->evicted);  // a prediction evicted unused: wasted
@@ -161,55 +198,70 @@ bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& b
     return true;
 }
 
+void tiered_experts::submit(std::vector<io::read_request>& batch) {
+    if (batch.empty()) return;
+    if (opts_.remap_sync) remap_sync_reads(batch);  // blocks the strand: the baseline's design
+    else reader_->submit(batch);                    // every chunk of every miss at once
+    batch.clear();
+}
+
 void tiered_experts::need(int layer, std::span<const int32_t> experts) {
-    std::vector<io::read_request> batch;
-    {
-        std::lock_guard lock(mu_);
-        ++step_;
-        hinted_.clear();  // predictions for this layer are now facts; older ones are stale
-        ++generation_;
-        failed_.clear();  // a new demand retries what failed before (nothing was cached from it)
-        joined_.clear();
-        for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
-            it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
-        // Pins of the previous need() that no get() took over (a forward that stopped early).
-        for (expert_key k : need_pins_)
-            if (host_->pins(k) > 0) host_->unpin(k);
-        need_pins_.clear();
-        for (expert_key k : device_need_pins_)
-            if (device_->pins(k) > 0) device_->unpin(k);
-        device_need_pins_.clear();
-        promote_queue_.clear();  // promotions for the previous layer are no longer urgent
-        promoted_ahead_.clear();
-        // Needed experts already in the host tier are pinned first, so the reads started below
-        // (and device demotions) evict something else.
-        for (int32_t e : experts) {
-            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
-            if (host_->lookup(key).state != storage::residency::absent) {
-                host_->pin(key);
-                need_pins_.push_back(key);
-                if (host_->lookup(key).state == storage::residency::resident) queue_promotion(key);
-            }
-        }
-        for (int32_t e : experts) {
-            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
-            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
-            if (host_->lookup(key).state != storage::residency::absent) continue;  // resident or joined
-            if (!start_read(key, batch)) break;  // the rest are read on demand, as slots free
+    std::vector<int32_t> ids(experts.begin(), experts.end());
+    if (!opts_.remap_sync) {
+        asio::post(strand_, [this, layer, ids = std::move(ids)] { on_need(layer, ids); });
+        return;
+    }
+    // The baseline blocks here until its reads land: that time is waiting, not compute.
+    const auto t0 = std::chrono::steady_clock::now();
+    run_on_strand([&] { on_need(layer, ids); });
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    asio::post(strand_, [this, dt] {
+        counters_.wait_seconds += dt;
+        ++counters_.blocking_waits;
+    });
+}
+
+void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
+    ++step_;
+    hinted_.clear();  // predictions for this layer are now facts; older ones are stale
+    ++generation_;
+    failed_.clear();  // a new demand retries what failed before (nothing was cached from it)
+    joined_.clear();
+    for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
+        it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
+    // Pins of the previous need() that no take took over (a forward that stopped early).
+    for (expert_key k : need_pins_)
+        if (host_->pins(k) > 0) host_->unpin(k);
+    need_pins_.clear();
+    for (expert_key k : device_need_pins_)
+        if (device_->pins(k) > 0) device_->unpin(k);
+    device_need_pins_.clear();
+    promoted_ahead_.clear();
+    // Needed experts already in the host tier are pinned first, so the reads started below
+    // (and device demotions) evict something else.
+    std::vector<expert_key> promote;
+    for (int32_t e : experts) {
+        const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
+        if (host_->lookup(key).state != storage::residency::absent) {
             host_->pin(key);
             need_pins_.push_back(key);
+            if (host_->lookup(key).state == storage::residency::resident) promote.push_back(key);
         }
     }
-    if (batch.empty()) return;
-    if (opts_.remap_sync) {
-        // The baseline blocks here until its reads land: that time is waiting, not compute.
-        const auto t0 = std::chrono::steady_clock::now();
-        remap_sync_reads(batch);
-        std::lock_guard lock(mu_);
-        counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } else {
-        reader_->submit(batch);  // every chunk of every miss at once
+    std::vector<io::read_request> batch;
+    for (int32_t e : experts) {
+        const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
+        if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
+        if (host_->lookup(key).state != storage::residency::absent) continue;  // resident or joined
+        if (!start_read(key, batch)) break;  // the rest are read on demand, as slots free
+        host_->pin(key);
+        need_pins_.push_back(key);
     }
+    // Promotions ahead of demand: the copy worker moves host hits up while the reads go out.
+    if (device_ && !opts_.remap_sync)
+        for (expert_key key : promote) start_promotion(key, false);
+    submit(batch);
+    serve_waiters();
 }
 
 void tiered_experts::remap_sync_reads(const std::vector<io::read_request>& batch) {
@@ -235,80 +287,96 @@ void tiered_experts::remap_sync_reads(const std::vector<io::read_request>& batch
 }
 
 void tiered_experts::hint(int layer, std::span<const int32_t> experts) {
-    {
-        std::lock_guard lock(mu_);
-        hinted_.clear();
-        for (int32_t e : experts) hinted_.push_back(make_expert_key(uint32_t(layer), uint32_t(e)));
-    }
+    asio::post(strand_, [this, layer, ids = std::vector<int32_t>(experts.begin(), experts.end())] {
+        on_hint(layer, ids);
+    });
+}
+
+void tiered_experts::on_hint(int layer, const std::vector<int32_t>& experts) {
+    hinted_.clear();
+    for (int32_t e : experts) hinted_.push_back(make_expert_key(uint32_t(layer), uint32_t(e)));
     submit_hints();
 }
 
 void tiered_experts::submit_hints() {
-    if (opts_.remap_sync) return;  // the baseline has no look-ahead
+    if (opts_.remap_sync || stopping_) return;  // the baseline has no look-ahead; the reader may be gone
+    if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
     std::vector<io::read_request> batch;
-    {
-        std::lock_guard lock(mu_);
-        if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
-        for (expert_key key : hinted_) {
-            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
-            if (host_->lookup(key).state != storage::residency::absent) continue;
-            // A prediction may take a free slot or evict anything but an expert of the layer being
-            // computed (it may still be demanded) or another predicted one. (With layers visited
-            // in a cycle, LRU's victim is usually an old expert of the predicted layer itself.)
-            if (host_->resident_count() + host_->loading_count() == host_->slot_count()) {
-                const auto victim = host_->policy().victim();
-                if (!victim) break;
-                const auto vk = host_->key_in(*victim);
-                if (!vk || storage::key_layer(*vk) + 1 == storage::key_layer(key) ||
-                    std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
-                    break;
-            }
-            if (!start_read(key, batch)) break;
-            ++counters_.hint_reads;
-            hint_started_.insert(key);
+    for (expert_key key : hinted_) {
+        if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
+        if (host_->lookup(key).state != storage::residency::absent) continue;
+        // A prediction may take a free slot or evict anything but an expert of the layer being
+        // computed (it may still be demanded) or another predicted one. (With layers visited
+        // in a cycle, LRU's victim is usually an old expert of the predicted layer itself.)
+        if (host_->resident_count() + host_->loading_count() == host_->slot_count()) {
+            const auto victim = host_->policy().victim();
+            if (!victim) break;
+            const auto vk = host_->key_in(*victim);
+            if (!vk || storage::key_layer(*vk) + 1 == storage::key_layer(key) ||
+                std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
+                break;
         }
-        hinted_.clear();
+        if (!start_read(key, batch)) break;
+        ++counters_.hint_reads;
+        hint_started_.insert(key);
     }
-    if (!batch.empty()) reader_->submit(batch);
+    hinted_.clear();
+    submit(batch);
 }
 
 void tiered_experts::on_read(uint64_t tag, const status& st) {
     const int layer = int(tag >> 34);
     const int32_t expert = int32_t((tag >> 2) & 0xffffffffu);
+    // Held back by a timer on the strand (tests): no thread sleeps meanwhile.
+    if (opts_.inject_delay_us && !opts_.remap_sync && !stopping_)
+        if (const uint32_t us = opts_.inject_delay_us(layer, expert)) {
+            auto timer = std::make_shared<asio::steady_timer>(strand_, std::chrono::microseconds(us));
+            ++in_progress_;
+            timer->async_wait([this, timer, tag, st](const boost::system::error_code&) {
+                --in_progress_;
+                finish_read(tag, st);
+            });
+            return;
+        }
+    finish_read(tag, st);
+}
+
+void tiered_experts::finish_read(uint64_t tag, const status& st) {
+    const int layer = int(tag >> 34);
+    const int32_t expert = int32_t((tag >> 2) & 0xffffffffu);
     const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
-    if (opts_.inject_delay_us)
-        if (const uint32_t us = opts_.inject_delay_us(layer, expert)) std::this_thread::sleep_for(std::chrono::microseconds(us));
-    {
-        std::lock_guard lock(mu_);
-        auto it = loading_.find(key);
-        MS_ASSERT_MSG(it != loading_.end(), "read completion for an expert that is not loading");
-        load_state& ls = it->second;
-        if (!st.ok() && !ls.failed) {
-            ls.failed = true;
-            ls.error = st.message();
-        }
-        if (opts_.inject_read_error && !ls.failed && opts_.inject_read_error(layer, expert)) {
-            ls.failed = true;
-            ls.error = "injected read error";
-        }
-        if (--ls.parts_left > 0) return;
-        host_->finish_load(key, !ls.failed);
-        if (ls.failed) {
-            ++counters_.read_errors;
-            failed_[key] = {ls.generation, ls.error};
-        } else {
-            ++counters_.disk_reads;
-            const layout& l = layout_of(layer, expert);
-            for (const auto& p : l.parts) counters_.disk_bytes += p.where.bytes;
-            if (std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end()) queue_promotion(key);
-        }
-        loading_.erase(it);
+    auto it = loading_.find(key);
+    MS_ASSERT_MSG(it != loading_.end(), "read completion for an expert that is not loading");
+    load_state& ls = it->second;
+    if (!st.ok() && !ls.failed) {
+        ls.failed = true;
+        ls.error = st.message();
     }
-    changed_.notify_all();
+    if (opts_.inject_read_error && !ls.failed && opts_.inject_read_error(layer, expert)) {
+        ls.failed = true;
+        ls.error = "injected read error";
+    }
+    if (--ls.parts_left > 0) return;
+    host_->finish_load(key, !ls.failed);
+    const bool failed = ls.failed;
+    if (failed) {
+        ++counters_.read_errors;
+        failed_[key] = {ls.generation, ls.error};
+    } else {
+        ++counters_.disk_reads;
+        const layout& l = layout_of(layer, expert);
+        for (const auto& p : l.parts) counters_.disk_bytes += p.where.bytes;
+    }
+    loading_.erase(it);
+    if (!failed && device_ && !opts_.remap_sync &&
+        std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end())
+        start_promotion(key, false);
+    serve_waiters();
     submit_hints();  // the queue may have drained: predictions may go now
 }
 
-void tiered_experts::copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) {
+void tiered_experts::copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to,
+                                bool to_host) const {
     for (int p = 0; p < 3; ++p) {
         const part& pt = l.parts[p];
         const uint64_t skew = pt.where.offset % io::kReadAlign;
@@ -353,26 +421,102 @@ bool tiered_experts::promote(expert_key key) {
     return true;
 }
 
+void tiered_experts::start_promotion(expert_key key, bool demanded) {
+    MS_ASSERT(device_ && copier_);
+    if (stopping_) return;
+    const bool need_pinned = std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end();
+    if (!demanded && !need_pinned) return;  // no longer wanted
+    if (device_->lookup(key).state != storage::residency::absent) return;  // there or on its way
+    const auto hs = host_->lookup(key);
+    if (hs.state != storage::residency::resident) return;
+    auto grant = device_->begin_load(key);
+    if (!grant) return;  // every device slot held: a release serves the waiter again
+    if (!need_pinned) {  // demanded without need()'s protection: it gets it now
+        host_->pin(key);
+        need_pins_.push_back(key);
+    }
+    const layout& l = layout_of(int(storage::key_layer(key)), int32_t(storage::key_expert(key)));
+    // The device victim moves down into the host tier when there is room (as in promote()).
+    promotion p{key, std::nullopt, std::nullopt, 0};
+    if (grant->evicted) {
+        p.victim = *grant->evicted;
+        auto hg = host_->begin_load(*p.victim);
+        if (hg && hg->evicted) hint_started_.erase(*hg->evicted);
+        if (hg) p.victim_host_slot = hg->slot;
+    }
+    host_->pin(key);  // the source stays put while it is copied
+    const std::byte* src = host_slot(hs.slot);
+    std::byte* dst = device_slot(grant->slot);
+    std::byte* victim_dst = p.victim_host_slot ? host_slot(*p.victim_host_slot) : nullptr;
+    const layout* vl =
+        p.victim ? &layout_of(int(storage::key_layer(*p.victim)), int32_t(storage::key_expert(*p.victim))) : nullptr;
+    const uint32_t delay_us =
+        opts_.inject_delay_us ? opts_.inject_delay_us(int(storage::key_layer(key)), int32_t(storage::key_expert(key)))
+                              : 0;
+    ++in_progress_;
+    // The copy touches only the slots reserved above (loading or pinned: no handler touches them
+    // until finish_promotion), so it needs no lock.
+    asio::post(*copier_, [this, p, src, dst, victim_dst, vl, &l, delay_us]() mutable {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (victim_dst) copy_parts(*vl, dst, false, victim_dst, true);  // the victim leaves first
+        copy_parts(l, src, true, dst, false);
+        p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (delay_us == 0) {
+            asio::post(strand_, [this, p] { finish_promotion(p); });
+            return;
+        }
+        auto timer = std::make_shared<asio::steady_timer>(strand_, std::chrono::microseconds(delay_us));
+        timer->async_wait([this, timer, p](const boost::system::error_code&) { finish_promotion(p); });
+    });
+}
+
+void tiered_experts::finish_promotion(const promotion& p) {
+    --in_progress_;
+    const expert_key key = p.key;
+    if (p.victim_host_slot) {
+        host_->finish_load(*p.victim, true);
+        const layout& vl = layout_of(int(storage::key_layer(*p.victim)), int32_t(storage::key_expert(*p.victim)));
+        for (const auto& part : vl.parts) counters_.demoted_bytes += part.where.bytes;
+    }
+    device_->finish_load(key, true);
+    const layout& l = layout_of(int(storage::key_layer(key)), int32_t(storage::key_expert(key)));
+    for (const auto& part : l.parts) counters_.promoted_bytes += part.where.bytes;
+    counters_.async_copy_seconds += p.seconds;
+    ++counters_.async_promotions;
+    host_->unpin(key);
+    // Exclusive tiers: the host copy goes. A demanded expert keeps its protection, now on the
+    // device side, until a take takes it over.
+    if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end()) {
+        need_pins_.erase(it);
+        host_->unpin(key);
+        device_->pin(key);
+        device_need_pins_.push_back(key);
+        promoted_ahead_.insert(key);
+    }
+    (void)host_->erase(key);
+    serve_waiters();
+}
+
 result<dsv41::expert_weights> tiered_experts::get(int layer, int32_t expert) {
     auto r = acquire_ready(layer, std::span<const int32_t>(&expert, 1), 1);
     if (!r) return r.err();
     return r->front().second;
 }
 
-// Under the lock: takes `key` when it is resident in either tier (promoting it from the host),
-// pinned for the model. nullopt when it is loading, absent, or no device slot is free now.
+// Takes `key` when it is resident in either tier, pinned for the model. nullopt when it is
+// loading, absent, in the host tier waiting for its promotion, or no device slot is free now.
 std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key key) {
     const int layer = int(storage::key_layer(key));
     const int32_t expert = int32_t(storage::key_expert(key));
     const layout& l = layout_of(layer, expert);
     if (device_) {
         const auto d = device_->lookup(key);
-        if (d.state == storage::residency::loading) return std::nullopt;  // the copy thread is on it
+        if (d.state == storage::residency::loading) return std::nullopt;  // the copy worker is on it
         if (d.state == storage::residency::resident) {
             if (promoted_ahead_.erase(key) > 0) ++counters_.host_hits;  // found in the host tier
             else ++counters_.device_hits;
             device_->touch(key, step_);
-            // Take over the copy thread's pin when there is one, else pin now.
+            // Take over the promotion's pin when there is one, else pin now.
             if (auto it = std::find(device_need_pins_.begin(), device_need_pins_.end(), key);
                 it != device_need_pins_.end())
                 device_need_pins_.erase(it);
@@ -384,6 +528,10 @@ std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key
     const auto h = host_->lookup(key);
     if (h.state != storage::residency::resident) return std::nullopt;
     host_->touch(key, step_);
+    if (device_ && !opts_.remap_sync) {  // the copy worker moves it up; its completion serves us
+        start_promotion(key, true);
+        return std::nullopt;
+    }
     // Take over need()'s pin when there is one, else pin now.
     if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end())
         need_pins_.erase(it);
@@ -403,21 +551,69 @@ std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key
     return views(l, device_slot(device_->lookup(key).slot), false);
 }
 
+void tiered_experts::async_ready(int layer, std::span<const int32_t> pending, int64_t max,
+                                 dsv41::ready_callback done) {
+    MS_ASSERT(!pending.empty() && max >= 1);
+    waiter w{layer, {pending.begin(), pending.end()}, max, std::move(done), false, std::chrono::steady_clock::now()};
+    asio::post(strand_, [this, w = std::move(w)]() mutable { enqueue(std::move(w)); });
+}
+
 result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::acquire_ready(
     int layer, std::span<const int32_t> pending, int64_t max) {
     MS_ASSERT(!pending.empty() && max >= 1);
-    std::vector<std::pair<int32_t, dsv41::expert_weights>> out;
-    std::unique_lock lock(mu_);
-    const auto t0 = std::chrono::steady_clock::now();
-    const double copy_at_start = counters_.copy_seconds;  // copies are counted apart, not as waiting
-    bool waited = false;
+    std::promise<result<dsv41::ready_experts>> answer;
+    auto f = answer.get_future();
+    waiter w{layer,
+             {pending.begin(), pending.end()},
+             max,
+             [&answer](result<dsv41::ready_experts> r) { answer.set_value(std::move(r)); },
+             true,
+             std::chrono::steady_clock::now()};
+    asio::post(strand_, [this, w = std::move(w)]() mutable { enqueue(std::move(w)); });
+    return f.get();
+}
+
+void tiered_experts::enqueue(waiter w) {
+    waiters_.push_back(std::move(w));
+    serve_waiters();
+}
+
+void tiered_experts::serve_waiters() {
+    if (serving_) {
+        serve_again_ = true;
+        return;
+    }
+    serving_ = true;
+    do {
+        serve_again_ = false;
+        for (size_t i = 0; i < waiters_.size();) {
+            if (try_serve(waiters_[i])) {
+                waiters_.erase(waiters_.begin() + std::ptrdiff_t(i));
+            } else {
+                ++i;
+            }
+        }
+    } while (serve_again_);
+    serving_ = false;
+}
+
+bool tiered_experts::try_serve(waiter& w) {
+    dsv41::ready_experts out;
+    const int layer = w.layer;
+    const auto answer = [&](result<dsv41::ready_experts> r) {
+        if (w.waited) counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w.since).count();
+        // Called here, on the strand: the forward's callback only posts its resumption.
+        auto done = std::move(w.done);
+        done(std::move(r));
+        return true;
+    };
     for (;;) {
         std::vector<io::read_request> batch;
-        for (int32_t expert : pending) {
-            if (int64_t(out.size()) == max) break;
+        for (int32_t expert : w.pending) {
+            if (int64_t(out.size()) == w.max) break;
             if (std::any_of(out.begin(), out.end(), [&](const auto& o) { return o.first == expert; })) continue;
             const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
-            if (auto w = take_if_resident(key)) {
+            if (auto got = take_if_resident(key)) {
                 ++counters_.demands;
                 const size_t seen = size_t(layer) * size_t(max_experts_) + size_t(expert);
                 if (!demanded_[seen]) {
@@ -429,7 +625,7 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
                     ++counters_.hint_used;
                     hint_started_.erase(h);
                 }
-                out.emplace_back(expert, *w);
+                out.emplace_back(expert, *got);
                 continue;
             }
             const auto state = host_->lookup(key).state;
@@ -438,14 +634,16 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
                 continue;
             }
             if (state != storage::residency::absent) continue;  // resident, waiting for a device slot
+            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;  // being promoted
             if (auto f = failed_.find(key); f != failed_.end() && f->second.first == generation_) {
                 std::string msg = f->second.second;
                 failed_.erase(f);
                 // A file replaced under us is the likeliest cause of a read error: say so.
                 if (auto changed = m_.verify_unchanged(); !changed) msg += "; " + changed.message();
-                for (auto& [held, unused] : out) release_locked(layer, held);
-                return make_error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
-                                  " could not be read: " + msg);
+                for (auto& [held, unused] : out) release_pin(layer, held);
+                submit(batch);
+                return answer(make_error("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                                         " could not be read: " + msg));
             }
             // Pinned like need()'s reads, so nothing evicts it before it is taken. When no host slot
             // is free it is retried after the next change.
@@ -454,119 +652,39 @@ result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::a
                 need_pins_.push_back(key);
             }
         }
-        if (!batch.empty()) {
-            lock.unlock();
-            if (opts_.remap_sync) {
-                remap_sync_reads(batch);
-                waited = true;  // the compute thread was blocked on those reads: that is waiting
-            } else {
-                reader_->submit(batch);
-            }
-            lock.lock();
-            continue;  // (remap-sync reads have landed; io_uring ones may have)
+        if (!batch.empty() && opts_.remap_sync) {
+            submit(batch);  // landed: look again
+            continue;
         }
-        if (!out.empty()) {
-            if (waited)
-                counters_.wait_seconds +=
-                    std::max(0.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
-                                      (counters_.copy_seconds - copy_at_start));
-            return out;
-        }
-        waited = true;
-        ++counters_.blocking_waits;
-        changed_.wait(lock);
+        submit(batch);
+        break;
     }
+    if (!out.empty()) return answer(std::move(out));
+    if (stopping_) return answer(make_error("the expert tiers are shutting down"));
+    if (!w.waited && w.blocking) ++counters_.blocking_waits;
+    w.waited = true;
+    return false;
 }
 
-void tiered_experts::release_locked(int layer, int32_t expert) {
+void tiered_experts::release_pin(int layer, int32_t expert) {
     const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
     if (device_) device_->unpin(key);
     else host_->unpin(key);
 }
 
 void tiered_experts::release(int layer, int32_t expert) {
-    {
-        std::lock_guard lock(mu_);
-        release_locked(layer, expert);
-    }
-    changed_.notify_all();
+    asio::post(strand_, [this, layer, expert] { on_release(layer, expert); });
 }
 
-void tiered_experts::queue_promotion(expert_key key) {
-    if (!copier_.joinable()) return;
-    promote_queue_.push_back(key);
-    copy_wake_.notify_one();
-}
-
-void tiered_experts::copy_loop() {
-    std::unique_lock lock(mu_);
-    for (;;) {
-        copy_wake_.wait(lock, [&] { return copy_stop_ || !promote_queue_.empty(); });
-        if (copy_stop_) return;
-        const expert_key key = promote_queue_.front();
-        promote_queue_.erase(promote_queue_.begin());
-        // Still wanted, in the host tier and not yet (being) moved up?
-        if (std::find(need_pins_.begin(), need_pins_.end(), key) == need_pins_.end()) continue;
-        if (device_->lookup(key).state != storage::residency::absent) continue;
-        const auto hs = host_->lookup(key);
-        if (hs.state != storage::residency::resident) continue;
-        auto grant = device_->begin_load(key);
-        if (!grant) continue;  // every device slot held: get() promotes it when one frees
-        const layout& l = layout_of(int(storage::key_layer(key)), int32_t(storage::key_expert(key)));
-        // The device victim moves down into the host tier when there is room (as in promote()).
-        std::optional<expert_key> victim;
-        std::optional<storage::slot_id> victim_host_slot;
-        if (grant->evicted) {
-            victim = *grant->evicted;
-            auto hg = host_->begin_load(*victim);
-            if (hg && hg->evicted) hint_started_.erase(*hg->evicted);
-            if (hg) victim_host_slot = hg->slot;
-        }
-        host_->pin(key);  // the source stays put while it is copied
-        const std::byte* src = host_slot(hs.slot);
-        std::byte* dst = device_slot(grant->slot);
-        lock.unlock();
-        // The victim's bytes leave the device slot before the new ones overwrite it.
-        const auto t0 = std::chrono::steady_clock::now();
-        if (victim_host_slot) {
-            const layout& vl = layout_of(int(storage::key_layer(*victim)), int32_t(storage::key_expert(*victim)));
-            copy_parts(vl, dst, false, host_slot(*victim_host_slot), true);
-        }
-        copy_parts(l, src, true, dst, false);
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (opts_.inject_delay_us)
-            if (const uint32_t us = opts_.inject_delay_us(int(storage::key_layer(key)), int32_t(storage::key_expert(key))))
-                std::this_thread::sleep_for(std::chrono::microseconds(us));
-        lock.lock();
-        if (victim_host_slot) {
-            host_->finish_load(*victim, true);
-            const layout& vl = layout_of(int(storage::key_layer(*victim)), int32_t(storage::key_expert(*victim)));
-            for (const auto& p : vl.parts) counters_.demoted_bytes += p.where.bytes;
-        }
-        device_->finish_load(key, true);
-        for (const auto& p : l.parts) counters_.promoted_bytes += p.where.bytes;
-        counters_.async_copy_seconds += dt;
-        ++counters_.async_promotions;
-        host_->unpin(key);
-        // Exclusive tiers: the host copy goes. A demanded expert keeps its protection, now on the
-        // device side, until get() takes it.
-        if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end()) {
-            need_pins_.erase(it);
-            host_->unpin(key);
-            device_->pin(key);
-            device_need_pins_.push_back(key);
-            promoted_ahead_.insert(key);
-        }
-        (void)host_->erase(key);
-        lock.unlock();
-        changed_.notify_all();
-        lock.lock();
-    }
+void tiered_experts::on_release(int layer, int32_t expert) {
+    release_pin(layer, expert);
+    serve_waiters();  // a slot may be free for a promotion or a read now
 }
 
 tier_counters tiered_experts::counters() const {
-    std::lock_guard lock(mu_);
-    return counters_;
+    tier_counters c;
+    run_on_strand([&] { c = counters_; });
+    return c;
 }
 
 }  // namespace moestream

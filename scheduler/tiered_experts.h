@@ -5,25 +5,40 @@
 //
 // Protocol (dsv41::expert_source): need(layer, ids) is the router's answer for a layer; every
 // miss is submitted at once (all chunks of all of them), so the disk queue is deep from the
-// start; a miss already loading is joined, never read twice. get() returns an expert once it is
-// resident, promoting it from host to device (the device victim moves down into the host slot
-// the promoted expert leaves). release() unpins it. The model holds at most max_held() experts.
+// start; a miss already loading is joined, never read twice. async_ready() answers, once at
+// least one of the experts asked for is resident, with what is (a host-tier expert is first
+// promoted to the device tier, whose victim moves down into the host slot the promoted expert
+// leaves). release() unpins it. The model holds at most max_held() experts.
 //
 // Results do not depend on any of this: the bytes computed from are the file's bytes wherever
 // they sit, and the model's accumulation order is fixed (ascending expert id).
 //
-// Thread safety: need/get/release come from the compute thread; read completions arrive on the
-// reader's thread; promotions ahead of demand run on a copy thread; one mutex guards the tier
-// state, and no copy is made while holding it on the copy thread.
+// Thread safety (issue 15): one strand owns every piece of tier state (both caches, loading and
+// joined reads, pins, hints, failures, counters, the waiting requests); there is no mutex.
+// need(), hint(), release() and async_ready() only post to it and return. Read completions: the
+// reader's reaper thread posts each to the strand (docs/streaming.md says why not the eventfd).
+// A promotion's copy runs on a copy worker between two strand handlers (the first reserves the
+// slots and pins the source, the second publishes the result), touching only those slots. An
+// async_ready() that cannot be answered yet is kept as a waiter and answered by the handler that
+// makes one of its experts resident, so no thread waits for an expert. The blocking forms
+// (acquire_ready(), get(), counters()) wait for the strand and are for callers outside a
+// coroutine (device_experts' slot fills); they must not be called from the strand's executor.
+// The strand runs on tier_options::executor, or on a thread of its own.
+// --io-mode remap-sync keeps the published port's blocking design on purpose: need() waits
+// while the strand pread()s every miss through a pool, and promotions copy on the strand.
 #pragma once
 
-#include <condition_variable>
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
-#include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,9 +66,12 @@ struct tier_options {
     int remap_threads = 8;
     // Test hook: reads of experts for which this returns true complete with an error.
     std::function<bool(int layer, int32_t expert)> inject_read_error;
-    // Test hook: microseconds to hold back the completion of a read part, and of a promotion by
-    // the copy thread, of this expert (timing changes only: results must not move).
+    // Test hook: microseconds to hold back the completion of a read part, and of a promotion's
+    // copy, of this expert (a timer on the strand: no thread sleeps; timing changes only, results
+    // must not move). Called on the strand.
     std::function<uint32_t(int layer, int32_t expert)> inject_delay_us;
+    // Where the tier's strand runs; empty: an io_context on a thread of the tier's own.
+    boost::asio::any_io_executor executor;
 };
 
 struct tier_counters {
@@ -68,13 +86,20 @@ struct tier_counters {
     uint64_t read_errors = 0;
     uint64_t hint_reads = 0;     // reads started from look-ahead hints
     uint64_t hint_used = 0;      // of those, demanded afterwards (the rest was a wasted read)
-    double wait_seconds = 0;     // compute thread blocked in get()
-    // Times the compute thread blocked on a condition variable for an expert: the coroutine
-    // scheduler (issue 15) brings it to zero.
+    // Seconds from a request for experts to its answer, for requests not answered at once (a
+    // forward suspended there; remap-sync: also need()'s blocking reads).
+    double wait_seconds = 0;
+    // Times a thread blocked for an expert: the blocking acquire_ready()/get() (device_experts'
+    // fills) and remap-sync's need(). The coroutine forward never does, so the streaming tests
+    // assert zero.
     uint64_t blocking_waits = 0;
-    double copy_seconds = 0;     // host <-> device copies made on the compute thread (it waited)
-    double async_copy_seconds = 0;  // copies made by the copy thread, overlapping compute
-    uint64_t async_promotions = 0;  // experts the copy thread moved up before compute asked
+    double copy_seconds = 0;     // host <-> device copies made on the strand (remap-sync only)
+    double async_copy_seconds = 0;  // copies made by the copy worker, overlapping compute
+    uint64_t async_promotions = 0;  // experts the copy worker moved up
+    // Read completions posted from the reaper to the strand, and the seconds from the reaper's
+    // callback to the strand's handler summed over them (the host latency of that hop).
+    uint64_t completions_posted = 0;
+    double completion_post_seconds = 0;
     // Routing statistics: demands of an expert never demanded before (their count over tokens is
     // "new experts per token"), and how many distinct experts have been demanded (the working set).
     uint64_t first_demands = 0;
@@ -89,15 +114,17 @@ class tiered_experts final : public dsv41::expert_source {
     void need(int layer, std::span<const int32_t> experts) override;
     result<dsv41::expert_weights> get(int layer, int32_t expert) override;
     void release(int layer, int32_t expert) override;
+    // Blocking: waits for the strand's answer (counted in blocking_waits when not immediate).
     result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> acquire_ready(int layer,
                                                                                 std::span<const int32_t> pending,
                                                                                 int64_t max) override;
+    void async_ready(int layer, std::span<const int32_t> pending, int64_t max, dsv41::ready_callback done) override;
     int64_t max_held() const override { return max_held_; }
     // Look-ahead reads go out only while no demand chunk is waiting in the reader's queue, so a
     // prediction never delays a demand; a demand for a hinted expert joins its read.
     void hint(int layer, std::span<const int32_t> experts) override;
 
-    tier_counters counters() const;
+    tier_counters counters() const;  // a snapshot taken on the strand (blocks briefly)
     io::reader_stats io_stats() const { return reader_->stats(); }
     uint32_t device_slots() const { return device_slots_; }
     uint32_t host_slots() const { return host_slots_; }
@@ -122,27 +149,58 @@ class tiered_experts final : public dsv41::expert_source {
         uint64_t generation = 0;  // need() count when the read started
     };
 
+    // A request for experts not answered yet (async_ready): answered, in arrival order, by the
+    // strand handler that makes one of its experts resident.
+    struct waiter {
+        int layer;
+        std::vector<int32_t> pending;
+        int64_t max;
+        dsv41::ready_callback done;
+        bool blocking;  // a thread waits for the answer (acquire_ready)
+        std::chrono::steady_clock::time_point since;
+        bool waited = false;  // not answered by its first attempt
+    };
+
     tiered_experts(const loaded_model& m, tier_options opts);
     const layout& layout_of(int layer, int32_t expert) const;
-    // Under the lock: starts the disk read of `key` into a host slot (returns false when no host
-    // slot can be had now).
-    bool start_read(storage::expert_key key, std::vector<io::read_request>& batch);
     dsv41::expert_weights views(const layout& l, const std::byte* base, bool host) const;
     std::byte* host_slot(storage::slot_id s) const { return host_buf_.data() + size_t(s) * host_slot_bytes_; }
     std::byte* device_slot(storage::slot_id s) const { return device_buf_.data() + size_t(s) * device_slot_bytes_; }
-    void on_read(uint64_t tag, const status& st);
+    void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) const;
+    // Runs fn on the strand and waits for it (blocking forms and the destructor only).
+    void run_on_strand(std::function<void()> fn) const;
+
+    // ---- strand handlers and what they call (strand only) ----
+    void on_need(int layer, const std::vector<int32_t>& experts);
+    void on_hint(int layer, const std::vector<int32_t>& experts);
+    void on_release(int layer, int32_t expert);
+    void on_read(uint64_t tag, const status& st);      // a read part's completion (maybe held back)
+    void finish_read(uint64_t tag, const status& st);  // its bookkeeping
+    void enqueue(waiter w);
+    // Answers every waiter that can be answered now, in order; re-entrant calls (from reads that
+    // complete synchronously in remap-sync) are folded into the running one.
+    void serve_waiters();
+    // One attempt at a waiter: true when answered (with experts or an error).
+    bool try_serve(waiter& w);
+    // Starts the disk read of `key` into a host slot (false when no host slot can be had now).
+    bool start_read(storage::expert_key key, std::vector<io::read_request>& batch);
+    void submit(std::vector<io::read_request>& batch);  // the reader, or remap-sync's pool
+    void submit_hints();
     std::optional<dsv41::expert_weights> take_if_resident(storage::expert_key key);
-    void release_locked(int layer, int32_t expert);
-    // Under the lock: host -> device (the device victim moves down); false when no device slot
-    // can be had now.
+    void release_pin(int layer, int32_t expert);
+    // Synchronous host -> device on the strand (remap-sync's copies on the compute path).
     bool promote(storage::expert_key key);
-    void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host);
-    // The copy thread (coroutine mode with a device tier): promotes demanded experts as soon as
-    // they are in the host tier (need() hits, completed reads), copying outside the lock, so the
-    // host -> device transfer overlaps compute like a GPU's copy engine. The compute thread
-    // promotes synchronously only what the copy thread has not reached.
-    void copy_loop();
-    void queue_promotion(storage::expert_key key);  // under the lock
+    // Host -> device through the copy worker: reserves the device slot (and the victim's host
+    // slot) and pins the source here, copies there, publishes in finish_promotion(). `demanded`:
+    // asked for by a waiter (else only when need() still protects it).
+    void start_promotion(storage::expert_key key, bool demanded);
+    struct promotion {
+        storage::expert_key key;
+        std::optional<storage::expert_key> victim;
+        std::optional<storage::slot_id> victim_host_slot;
+        double seconds = 0;
+    };
+    void finish_promotion(const promotion& p);
 
     const loaded_model& m_;
     tier_options opts_;
@@ -155,13 +213,21 @@ class tiered_experts final : public dsv41::expert_source {
     uint32_t host_slots_ = 0, device_slots_ = 0;
     int64_t max_held_ = 1;
     io::aligned_buffer host_buf_, device_buf_;
+
+    // The strand and what it runs on (declared before the reader and the copy worker, which post
+    // to it, so it outlives them).
+    std::unique_ptr<boost::asio::io_context> own_io_;
+    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> own_work_;
+    std::thread own_thread_;
+    boost::asio::strand<boost::asio::any_io_executor> strand_;
+    std::unique_ptr<boost::asio::thread_pool> copier_;  // with a device tier, not remap-sync
+
     std::unique_ptr<io::uring_reader> reader_;
     std::vector<int> remap_fds_;              // remap-sync: buffered descriptors of the files
     std::unique_ptr<thread_pool> remap_pool_;  // remap-sync: the pread pool
     void remap_sync_reads(const std::vector<io::read_request>& batch);
 
-    mutable std::mutex mu_;
-    std::condition_variable changed_;
+    // ---- strand-owned ----
     std::unique_ptr<storage::expert_cache> host_, device_;
     std::map<storage::expert_key, load_state> loading_;
     // Read errors not yet reported, with the need() generation of their read: a failure from an
@@ -169,24 +235,23 @@ class tiered_experts final : public dsv41::expert_source {
     std::map<storage::expert_key, std::pair<uint64_t, std::string>> failed_;
     uint64_t generation_ = 0;
     // Host pins taken by need() for experts the model is about to get (so a demotion or another
-    // read cannot evict them first); get() takes them over.
+    // read cannot evict them first); a take takes them over.
     std::vector<storage::expert_key> need_pins_;
     std::vector<storage::expert_key> hinted_;          // predicted, not yet read (newest layer only)
     std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
     std::set<storage::expert_key> joined_;             // demanded while loading, this layer
-    void submit_hints();                               // takes the lock; call without it
     uint64_t step_ = 0;
     tier_counters counters_;
     std::vector<bool> demanded_;  // [layer * max_experts + expert]: demanded at least once
-    // Copy thread state (under mu_): keys to promote, device pins it made for demanded experts
-    // (taken over by get(), dropped by the next need()), keys it promoted that get() has not
-    // taken yet (their first take counts as a host hit, which is where they were found).
-    std::vector<storage::expert_key> promote_queue_;
+    // Device pins a promotion made for demanded experts (taken over by a take, dropped by the
+    // next need()), and keys promoted that no take has found yet (their first take counts as a
+    // host hit, which is where they were found).
     std::vector<storage::expert_key> device_need_pins_;
     std::set<storage::expert_key> promoted_ahead_;
-    std::condition_variable copy_wake_;
-    bool copy_stop_ = false;
-    std::thread copier_;
+    std::vector<waiter> waiters_;
+    bool serving_ = false, serve_again_ = false;
+    int64_t in_progress_ = 0;  // timers and copies whose handler has not run yet
+    bool stopping_ = false;    // the destructor started: nothing new is read or copied
 };
 
 }  // namespace moestream

@@ -131,9 +131,14 @@ void upload_vector(backend& be, backend_array<T>& dst, const std::vector<T>& src
 }  // namespace
 
 status model::forward(std::span<const forward_item> batch, std::vector<float>& logits) {
+    return coro::run_sync([&](coro::executor& ex) { return forward_async(batch, logits, ex); });
+}
+
+coro::task<status> model::forward_async(std::span<const forward_item> batch, std::vector<float>& logits,
+                                         coro::executor& ex) {
     const hparams& hp = hp_;
     detail::workspace& ws = *ws_;
-    const detail::env env{hp, be_, experts_, opts_, ws};
+    const detail::env env{hp, be_, experts_, opts_, ws, ex};
     const int hc = hp.hc_mult;
     ws.routed_experts = ws.layers_routed_on_backend = 0;
     const int64_t dim = hp.dim, hd = hp.head_dim;
@@ -143,17 +148,17 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     detail::rows_info rows;
     for (const auto& it : batch) {
         MS_ASSERT(it.seq != nullptr);
-        if (it.tokens.empty()) return make_error("a forward item has no tokens");
-        if (it.seq->be_ != &be_) return make_error("a sequence made for another backend");
+        if (it.tokens.empty()) co_return make_error("a forward item has no tokens");
+        if (it.seq->be_ != &be_) co_return make_error("a sequence made for another backend");
         for (const auto& other : items)
-            if (other.seq == it.seq) return make_error("a sequence appears twice in one forward");
+            if (other.seq == it.seq) co_return make_error("a sequence appears twice in one forward");
         if (it.seq->size() + int64_t(it.tokens.size()) > it.seq->capacity())
-            return make_error("the sequence would exceed its context of " + std::to_string(it.seq->capacity()) +
+            co_return make_error("the sequence would exceed its context of " + std::to_string(it.seq->capacity()) +
                               " tokens (" + std::to_string(it.seq->size()) + " + " + std::to_string(it.tokens.size()) + ")");
         for (int32_t t : it.tokens)
             if (t < 0 || t >= hp.vocab)
-                return make_error("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(hp.vocab));
-        if (draft_ && it.seq->draft_rings_.empty()) return make_error("the sequence was made without DSpark state");
+                co_return make_error("token id " + std::to_string(t) + " is outside the vocabulary of " + std::to_string(hp.vocab));
+        if (draft_ && it.seq->draft_rings_.empty()) co_return make_error("the sequence was made without DSpark state");
         items.push_back({it.seq, it.seq->size(), rows.n(), int64_t(it.tokens.size())});
         for (int64_t t = 0; t < int64_t(it.tokens.size()); ++t) {
             rows.pos.push_back(it.seq->size() + t);
@@ -276,7 +281,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
                         auto got = opts_.engram->row(int(e_idx), row);
                         if (!got) {
                             restore();
-                            return got.err();
+                            co_return got.err();
                         }
                         er = *got;
                     }
@@ -539,10 +544,10 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
             detail::compute_mix(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF, true);
             return {H, ws.mixF.post.data(), ws.mixF.comb.data(), ws.mixF.pre.data(), collapse_next ? x : nullptr, hc};
         };
-        if (auto st = detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next, update_F);
+        if (auto st = co_await detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next, update_F);
             !st) {
             restore();
-            return st;
+            co_return st;
         }
         detail::observe(env, "ffn_moe_out", L, ws.f.data(), {R, dim});
         // The FFN's mix collapses the next layer's attention input where the pass did not.
@@ -615,7 +620,7 @@ status model::forward(std::span<const forward_item> batch, std::vector<float>& l
     step.end();
     logits.resize(size_t(n_out * hp.vocab));
     be_.download(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
-    return {};
+    co_return status{};
 }
 
 int64_t model::last_forward_experts() const {

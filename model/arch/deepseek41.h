@@ -4,12 +4,20 @@
 // One forward runs several sequences at once (continuous batching): each item brings its own
 // state and 1..T new tokens, so the same call is a prompt prefill, a chunk of one, a single-token
 // decode step or the k+1 causal rows of a speculative verification. Expert weights are reached only
-// through `expert_source` (announce what a layer needs, then get each one), so the streaming
-// scheduler plugs in without touching this code.
+// through `expert_source` (announce what a layer needs, then await what is resident), so the
+// streaming scheduler plugs in without touching this code.
+//
+// The forward is a coroutine (model/coro.h): at each host-scheduled MoE layer it awaits its
+// experts (experts_ready below) and is suspended, occupying no thread, until the source has one
+// resident; it then continues on the executor it was started with. forward() and draft() are
+// the plain-call forms: they run the coroutine to completion on the calling thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -17,6 +25,7 @@
 #include "config/result.h"
 #include "model/arch/deepseek41_hparams.h"
 #include "model/backend.h"
+#include "model/coro.h"
 #include "model/tensor.h"
 
 namespace moestream::dsv41 {
@@ -73,6 +82,10 @@ struct expert_weights {
     weight_view gate, up, down;
 };
 
+using ready_experts = std::vector<std::pair<int32_t, expert_weights>>;
+// Called once with what async_ready() found, on a thread of the source's choosing.
+using ready_callback = std::function<void(result<ready_experts>)>;
+
 // Layers are numbered 0..n_layers-1 for the target and n_layers + s for DSpark stage s.
 class expert_source {
   public:
@@ -101,6 +114,13 @@ class expert_source {
         }
         return out;
     }
+    // acquire_ready() without blocking: `done` gets the same answer once at least one of `pending`
+    // is resident (or an error), possibly before this returns, possibly later on another thread.
+    // `pending` is the caller's and may change once this returns: a source that answers later
+    // keeps a copy. Default: acquire_ready() at once (sources whose experts are always resident).
+    virtual void async_ready(int layer, std::span<const int32_t> pending, int64_t max, ready_callback done) {
+        done(acquire_ready(layer, pending, max));
+    }
     // The model is done with an expert it got (a cache may now evict it).
     virtual void release(int layer, int32_t expert) { (void)layer, (void)expert; }
     // How many experts the model may hold (got, not yet released) at once; the model works
@@ -113,6 +133,41 @@ class expert_source {
     // A cheap prediction: these experts of a later layer will probably be needed soon (ascending).
     // Sources may start reading them at a lower priority than demands; ignoring it is correct.
     virtual void hint(int layer, std::span<const int32_t> experts) { (void)layer, (void)experts; }
+};
+
+// co_await experts_ready(source, layer, pending, max, ex): async_ready() as an awaitable. When the
+// answer is there at once the coroutine does not suspend; otherwise it is suspended and the
+// source's callback posts it to `ex` (the executor the forward runs on).
+class experts_ready {
+  public:
+    experts_ready(expert_source& src, int layer, std::span<const int32_t> pending, int64_t max, coro::executor& ex)
+        : src_(src), layer_(layer), pending_(pending), max_(max), ex_(ex) {}
+    experts_ready(const experts_ready&) = delete;
+    experts_ready& operator=(const experts_ready&) = delete;
+
+    bool await_ready() const noexcept { return false; }
+    // Whichever of this and the callback comes second continues the coroutine: the callback by
+    // posting it (we are suspended), this by not suspending (the answer came inside the call).
+    bool await_suspend(std::coroutine_handle<> h) {
+        src_.async_ready(layer_, pending_, max_, [this, h](result<ready_experts> r) {
+            out_.emplace(std::move(r));
+            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+        });
+        return !second_.exchange(true, std::memory_order_acq_rel);
+    }
+    result<ready_experts> await_resume() {
+        MS_ASSERT(out_.has_value());
+        return std::move(*out_);
+    }
+
+  private:
+    expert_source& src_;
+    int layer_;
+    std::span<const int32_t> pending_;
+    int64_t max_;
+    coro::executor& ex_;
+    std::optional<result<ready_experts>> out_;
+    std::atomic<bool> second_{false};
 };
 
 // ---- engram rows -------------------------------------------------------------------------------
@@ -260,7 +315,11 @@ class model {
 
     // One forward over the batch. logits: [Σ rows_out, vocab] where rows_out is the item's token
     // count when all_logits, else 1. Errors (bad token id, sequence full, expert read failure)
-    // leave every sequence unchanged.
+    // leave every sequence unchanged. The coroutine continues on `ex` after every wait for
+    // experts; batch, logits and the sequences must outlive it. One forward or draft at a time.
+    coro::task<status> forward_async(std::span<const forward_item> batch, std::vector<float>& logits,
+                                     coro::executor& ex);
+    // forward_async() run to completion on the calling thread.
     status forward(std::span<const forward_item> batch, std::vector<float>& logits);
 
     // DSpark draft after a decode step: the sequence's last position p has been consumed and the
@@ -268,6 +327,8 @@ class model {
     // Markov chain's argmax choices (tests compare against recorded drafts).
     status draft(const sequence_state& seq, int32_t next_token, draft_output& out,
                  std::span<const int32_t> forced = {});
+    coro::task<status> draft_async(const sequence_state& seq, int32_t next_token, draft_output& out,
+                                   std::span<const int32_t> forced, coro::executor& ex);
 
     // The distinct experts the last forward's rows routed to, summed over its MoE layers (the
     // union a verification block loads); -1 when layers routed on the backend (slot tables),

@@ -102,29 +102,6 @@ void attend_and_project(const env& e, const layer_weights& lw, const barray<floa
 
 namespace {
 
-// Every expert's rows of one MoE step (host bookkeeping) and where its values sit in the
-// workspace's per-assignment arrays.
-struct expert_work {
-    std::vector<int64_t> rows;    // its input rows
-    std::vector<int64_t> assign;  // their assignments r * n_active + j (the routing weights' index)
-    int64_t first = 0;            // its first assignment in the concatenated arrays
-    const float* in = nullptr;    // its input rows: gathered, or the step's own input when it takes every row
-    const float* w = nullptr;     // its rows' routing weights
-    float *g = nullptr, *u = nullptr, *y = nullptr;
-    bool down_in_output = false;  // its down projection runs inside output_sum
-    expert_weights ew;
-};
-
-// moe()'s host bookkeeping, kept per thread between calls (decode runs it 40 times a token).
-struct moe_scratch {
-    std::vector<int32_t> picks, needed, predicted, pending;
-    std::vector<int64_t> x_rows, w_index;
-    std::vector<size_t> group;
-    std::vector<matmul_job> jobs;
-    std::vector<output_term> terms;
-    std::vector<expert_work> work;
-};
-thread_local moe_scratch t_moe;
 
 // Experts whose down projections run inside output_sum (decode's few): each of its units reads
 // a slice of every one of them, which pays off while there are few; a prefill's hundreds go
@@ -194,12 +171,12 @@ status moe_through_slots(const env& e, const layer_weights& lw, const expert_slo
 
 }  // namespace
 
-status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
-           const layer_weights* next, const std::function<hc_update()>& update) {
+coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
+                       const float* x, const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
+                       const layer_weights* next, const std::function<hc_update()>& update) {
     const auto& hp = e.hp;
     workspace& ws = e.ws;
-    moe_scratch& sc = t_moe;
+    moe_scratch& sc = ws.moe_host;
     const int64_t n = rows.n(), dim = hp.dim;
     const float limit = float(hp.swiglu_limit);
     // SwiGLU inside the gate/up passes, unless act_quant must round its output in 32-blocks.
@@ -252,7 +229,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     if (table) {
         observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});
         if (layer < e.hp.n_layers) ++ws.layers_routed_on_backend;
-        return moe_through_slots(e, lw, *table, xe, n, k, inter, pair, limit, out, upd);
+        co_return moe_through_slots(e, lw, *table, xe, n, k, inter, pair, limit, out, upd);
     }
     // The picks are the host's to schedule with (a few bytes).
     std::vector<int32_t>& picks = sc.picks;
@@ -363,8 +340,9 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
         group.clear();
         jobs.clear();
         if (!pending.empty()) {
-            auto ready = e.experts.acquire_ready(layer, pending, cap);
-            if (!ready) return ready.err();
+            // Suspends (no thread waits) until the source has at least one of them resident.
+            auto ready = co_await experts_ready(e.experts, layer, pending, cap, e.resume);
+            if (!ready) co_return ready.err();
             for (auto& [id, ew] : *ready) {
                 const size_t j = size_t(std::lower_bound(needed.begin(), needed.end(), id) - needed.begin());
                 MS_ASSERT(j < needed.size() && needed[j] == id);
@@ -420,7 +398,7 @@ status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int 
     e.be.output_sum(terms, n, dim, out.data(), upd ? &*upd : nullptr);
     for (size_t j = 0; j + 1 < work.size(); ++j)
         if (work[j].down_in_output) e.experts.release(layer, needed[j]);
-    return {};
+    co_return status{};
 }
 
 void observe(const env& e, std::string_view name, int layer, const float* data, std::initializer_list<int64_t> shape) {

@@ -10,18 +10,23 @@
 namespace moestream::dsv41 {
 
 status model::draft(const sequence_state& seq, int32_t next_token, draft_output& out, std::span<const int32_t> forced) {
-    if (!draft_) return make_error("no DSpark draft head is loaded");
+    return coro::run_sync([&](coro::executor& ex) { return draft_async(seq, next_token, out, forced, ex); });
+}
+
+coro::task<status> model::draft_async(const sequence_state& seq, int32_t next_token, draft_output& out,
+                                      std::span<const int32_t> forced, coro::executor& ex) {
+    if (!draft_) co_return make_error("no DSpark draft head is loaded");
     const hparams& hp = hp_;
-    if (seq.size() == 0) return make_error("the draft needs at least one consumed position");
-    if (seq.be_ != &be_) return make_error("draft: a sequence made for another backend");
-    if (seq.draft_rings_.empty()) return make_error("draft: the sequence was made without DSpark state");
-    if (next_token < 0 || next_token >= hp.vocab) return make_error("draft: token id out of range");
+    if (seq.size() == 0) co_return make_error("the draft needs at least one consumed position");
+    if (seq.be_ != &be_) co_return make_error("draft: a sequence made for another backend");
+    if (seq.draft_rings_.empty()) co_return make_error("draft: the sequence was made without DSpark state");
+    if (next_token < 0 || next_token >= hp.vocab) co_return make_error("draft: token id out of range");
     const int B = hp.dspark_block_size;
-    if (!forced.empty() && int(forced.size()) != B) return make_error("draft: forced ids must have block_size entries");
+    if (!forced.empty() && int(forced.size()) != B) co_return make_error("draft: forced ids must have block_size entries");
     for (int32_t t : forced)
-        if (t < 0 || t >= hp.vocab) return make_error("draft: forced token id out of range");
+        if (t < 0 || t >= hp.vocab) co_return make_error("draft: forced token id out of range");
     detail::workspace& ws = *ws_;
-    const detail::env env{hp, be_, experts_, opts_, ws};
+    const detail::env env{hp, be_, experts_, opts_, ws, ex};
     const int hc = hp.hc_mult;
     const int64_t dim = hp.dim, hd = hp.head_dim, p = seq.size() - 1;
 
@@ -86,8 +91,8 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
         detail::compute_mix(env, H, B, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF);
         be_.hc_collapse(H, B, hc, dim, ws.mixA.pre.data(), x);
         be_.rms_norm(x, B, dim, lw.ffn_norm.data, float(hp.norm_eps), x, true);
-        if (auto st = detail::moe(env, lw, layer, hp.dspark_n_experts, hp.dspark_n_active, x, rows, ws.f); !st)
-            return st;
+        if (auto st = co_await detail::moe(env, lw, layer, hp.dspark_n_experts, hp.dspark_n_active, x, rows, ws.f); !st)
+            co_return st;
         be_.hc_expand(ws.f.data(), H, B, hc, dim, ws.mixF.post.data(), ws.mixF.comb.data(), H);
         be_.copy(ws.p_in.data(), ws.mixF.pre.data(), ws.p_in.bytes());
     }
@@ -124,7 +129,7 @@ status model::draft(const sequence_state& seq, int32_t next_token, draft_output&
     be_.download(out.logits.data(), ws.logits.data(), out.logits.size() * sizeof(float));
     be_.download(out.tokens.data(), ws.draft_tokens.data() + 1, out.tokens.size() * sizeof(int32_t));
     be_.download(out.confidence.data(), ws.confidence.data(), out.confidence.size() * sizeof(float));
-    return {};
+    co_return status{};
 }
 
 status model::keep_main_hidden(sequence_state& seq, int64_t row) {

@@ -23,6 +23,30 @@ struct hc_mix {
     barray<float> pre, post, comb, fn_h;
 };
 
+// Every expert's rows of one MoE step (host bookkeeping) and where its values sit in the
+// workspace's per-assignment arrays.
+struct expert_work {
+    std::vector<int64_t> rows;    // its input rows
+    std::vector<int64_t> assign;  // their assignments r * n_active + j (the routing weights' index)
+    int64_t first = 0;            // its first assignment in the concatenated arrays
+    const float* in = nullptr;    // its input rows: gathered, or the step's own input when it takes every row
+    const float* w = nullptr;     // its rows' routing weights
+    float *g = nullptr, *u = nullptr, *y = nullptr;
+    bool down_in_output = false;  // its down projection runs inside output_sum
+    expert_weights ew;
+};
+
+// moe()'s host bookkeeping, kept in the workspace between calls (decode runs it 40 times a
+// token); not thread_local: a forward suspended in moe() may continue on another thread.
+struct moe_scratch {
+    std::vector<int32_t> picks, needed, predicted, pending;
+    std::vector<int64_t> x_rows, w_index;
+    std::vector<size_t> group;
+    std::vector<matmul_job> jobs;
+    std::vector<output_term> terms;
+    std::vector<expert_work> work;
+};
+
 // The buffers one forward (or draft) uses, in the backend's memory, kept from forward to forward
 // so that a decode step allocates nothing; each is fully written where it is used before it is
 // read. One forward runs at a time per model.
@@ -61,6 +85,7 @@ struct workspace {
     // draft
     barray<int32_t> draft_tokens{be};
     barray<float> markov_e{be}, markov_bias{be}, conf_in{be}, confidence{be};
+    moe_scratch moe_host;  // moe()'s host bookkeeping
 };
 
 struct env {
@@ -69,6 +94,7 @@ struct env {
     expert_source& experts;
     const model_options& opts;
     workspace& ws;
+    coro::executor& resume;  // where the forward continues after waiting for experts
 };
 
 // Rows of one forward: position of each row (several sequences concatenated), on the host and
@@ -111,9 +137,11 @@ void attend_and_project(const env& e, const layer_weights& lw, const barray<floa
 // `next`: the following layer, whose router predicts its experts when opts.lookahead is on.
 // `update` (may be empty): called after the router's step (so `extra` may compute what it needs);
 // the residual update it returns is applied in the pass that forms `out`.
-status moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active, const float* x,
-           const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra = {},
-           const layer_weights* next = nullptr, const std::function<hc_update()>& update = {});
+// A coroutine: it suspends while its experts are not resident (the caller co_awaits it).
+coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
+                       const float* x, const rows_info& rows, barray<float>& out,
+                       std::span<const matmul_job> extra = {}, const layer_weights* next = nullptr,
+                       const std::function<hc_update()>& update = {});
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
 inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {
