@@ -7,9 +7,9 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <map>
-#include <thread>
 
 #include "../common/test_support.h"
+#include "engine_events.h"
 #include "fixture_model.h"
 #include "scheduler/engine.h"
 #include "spec/dspark_drafter.h"
@@ -33,23 +33,18 @@ struct outcome {
 
 outcome collect(generation& g) {
     outcome o;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-    for (bool done = false; !done;) {
-        BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline), "no final event within 120 s");
-        const bool got = g.events().try_receive([&](boost::system::error_code, token_event e) {
-            BOOST_TEST(e.draft_n_accepted <= e.draft_n);
-            if (e.done) {
-                done = true;
-                o.reason = e.finish_reason;
-                o.draft_n = e.draft_n;
-                o.draft_n_accepted = e.draft_n_accepted;
-            } else {
-                o.tokens.push_back(e.token);
-                o.logprobs.push_back(e.logprob);
-            }
-        });
-        if (!got) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    receive_events(g, std::chrono::seconds(120), [&](const token_event& e) {
+        BOOST_TEST(e.draft_n_accepted <= e.draft_n);
+        if (e.done) {
+            o.reason = e.finish_reason;
+            o.draft_n = e.draft_n;
+            o.draft_n_accepted = e.draft_n_accepted;
+            return true;
+        }
+        o.tokens.push_back(e.token);
+        o.logprobs.push_back(e.logprob);
+        return false;
+    });
     return o;
 }
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "../common/test_support.h"
+#include "engine_events.h"
 #include "fixture_model.h"
 #include "scheduler/engine.h"
 #include "scheduler/tiered_experts.h"
@@ -33,25 +34,19 @@ struct outcome {
 // final one, or only `stop_after` tokens when that is >= 0.
 outcome collect(generation& g, int64_t cancel_after = -1, int64_t stop_after = -1) {
     outcome o;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (bool done = false; !done;) {
-        BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline), "no final event within 60 s");
-        const bool got = g.events().try_receive([&](boost::system::error_code, token_event e) {
-            o.events.push_back(e);
-            if (e.done) {
-                done = true;
-                o.reason = e.finish_reason;
-                o.completion_tokens = e.completion_tokens;
-                o.cached_tokens = e.cached_tokens;
-            } else {
-                o.tokens.push_back(e.token);
-                o.logprobs.push_back(e.logprob);
-                if (int64_t(o.tokens.size()) == cancel_after) g.cancel();
-                if (int64_t(o.tokens.size()) == stop_after) done = true;
-            }
-        });
-        if (!got) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
+    receive_events(g, std::chrono::seconds(60), [&](const token_event& e) {
+        o.events.push_back(e);
+        if (e.done) {
+            o.reason = e.finish_reason;
+            o.completion_tokens = e.completion_tokens;
+            o.cached_tokens = e.cached_tokens;
+            return true;
+        }
+        o.tokens.push_back(e.token);
+        o.logprobs.push_back(e.logprob);
+        if (int64_t(o.tokens.size()) == cancel_after) g.cancel();
+        return int64_t(o.tokens.size()) == stop_after;
+    });
     return o;
 }
 
