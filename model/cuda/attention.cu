@@ -52,17 +52,44 @@ __device__ float block_max(const float* sc, int64_t n) {
 
 // Decode attention in three launches, so that a row's keys spread over many blocks (one block a
 // (row, head), walking a 2k context's keys, was latency-bound at 55 us a layer on mini):
-//   scores:   (row, head, 64 keys) a block, a thread a key: dot(q, key) in registers, the 32
-//             lanes' accumulators of the CPU's pattern and its lane tree (a warp's dot, lane by lane).
+//   scores:   (row, head, 64 keys) a block, a warp a key: dot(q, key) with the 32 lanes as the
+//             accumulators of the CPU's pattern, then its lane tree (k_attention_scores below).
 //   partial:  (row, head, 64 keys): the max over all scores, the chunk's exp(s - max) (bf16 when
 //             the model rounds them), and Σ p v over the chunk's keys in order, per value.
 //   combine:  (row, head): the denominator (the sink's term, then every key's in order) and each
 //             value's chunk sums in order, times 1 / denominator.
 // So a value depends on the keys and the fixed 64-key chunks, never on the batch or the grid. The
 // CPU sums all keys in one run (cpu_backend.cpp): the two differ in the last bits of some values.
-__global__ void __launch_bounds__(kChunkKeys) k_attention_scores(const attention_row* __restrict__ rows, int n_heads,
-                                                                 int64_t head_dim, float scale, float* scores,
-                                                                 int64_t max_keys) {
+// The scores kernel: a warp a key, kScoreKeysPerWarp keys a warp, so a block of 16 warps takes a
+// 64-key chunk. Lane l holds the CPU's accumulator l (values l, l + 32, ... of the key, in order)
+// and the lanes meet in warp_sum's butterfly, so a score is the CPU pattern's bits. Every value
+// of the warp's keys is loaded before the first product (heads up to kScoreMaxDim wide; wider
+// ones load a key at a time): a thread a key, reading its key's 512 bytes in 8 dependent steps,
+// kept the whole layer waiting on memory latency.
+constexpr int kScoreKeysPerWarp = 4;
+constexpr int kScoreWarps = kChunkKeys / kScoreKeysPerWarp;
+constexpr int kScoreThreads = kScoreWarps * kWarp;
+constexpr int kScoreMaxDim = 512;
+constexpr int kScoreVals = kScoreMaxDim / kWarp;  // values a lane holds of each key
+
+__device__ __forceinline__ float key_score(const float (&kv)[kScoreVals], const float* q_s, int64_t head_dim, int lane,
+                                           float scale) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kScoreVals; ++m)
+        if (lane + kWarp * m < head_dim) acc = __fadd_rn(acc, __fmul_rn(kv[m], q_s[lane + kWarp * m]));
+    // warp_sum's butterfly: lane k meets lane k + 16, then + 8, + 4, + 2, + 1 (lane 0 ends with it).
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) {
+        const float other = __shfl_down_sync(kFullMask, acc, o);
+        if (lane < o) acc = __fadd_rn(acc, other);
+    }
+    return __fmul_rn(acc, scale);
+}
+
+__global__ void __launch_bounds__(kScoreThreads) k_attention_scores(const attention_row* __restrict__ rows, int n_heads,
+                                                                    int64_t head_dim, float scale, float* scores,
+                                                                    int64_t max_keys) {
     grid_dependency_prologue();
     extern __shared__ float q_s[];  // [head_dim]
     const int64_t rh = blockIdx.x;
@@ -71,42 +98,39 @@ __global__ void __launch_bounds__(kChunkKeys) k_attention_scores(const attention
     const int64_t n_keys = row_key_count(a);
     for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_s[d] = a.q[h * head_dim + d];
     __syncthreads();
-    const int64_t i = int64_t(blockIdx.y) * kChunkKeys + threadIdx.x;
-    if (i >= n_keys) return;
-    const uint16_t* key = key_at(a, head_dim, i);
-    float acc[kWarp];
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const int64_t first = int64_t(blockIdx.y) * kChunkKeys + warp * kScoreKeysPerWarp;
+    if (head_dim <= kScoreMaxDim) {
+        float kv[kScoreKeysPerWarp][kScoreVals];
 #pragma unroll
-    for (int l = 0; l < kWarp; ++l) acc[l] = 0.0f;
-    const bool aligned = (reinterpret_cast<uintptr_t>(key) & 15) == 0;
-    for (int64_t c0 = 0; c0 < head_dim; c0 += kWarp) {
-        if (c0 + kWarp <= head_dim && aligned) {
-            // A whole chunk: 32-bit word j holds value j (low half) and value j + 16.
-            const uint4* p = reinterpret_cast<const uint4*>(key + c0);
-            uint32_t w[16];
+        for (int k = 0; k < kScoreKeysPerWarp; ++k) {
+            const bool valid = first + k < n_keys;
+            const uint16_t* key = valid ? key_at(a, head_dim, first + k) : nullptr;
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {
-                const uint4 x = __ldg(p + v);
-                w[4 * v] = x.x, w[4 * v + 1] = x.y, w[4 * v + 2] = x.z, w[4 * v + 3] = x.w;
-            }
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                acc[j] = __fadd_rn(acc[j], __fmul_rn(bf16_bits_value(w[j] & 0xffffu), q_s[c0 + j]));
-                acc[j + 16] = __fadd_rn(acc[j + 16], __fmul_rn(bf16_bits_value(w[j] >> 16), q_s[c0 + 16 + j]));
-            }
-        } else {
-#pragma unroll
-            for (int l = 0; l < kWarp; ++l) {
-                const int64_t d = c0 + l;
-                if (d < head_dim) acc[l] = __fadd_rn(acc[l], __fmul_rn(bf16_bits_value(key[key_word(d, head_dim)]), q_s[d]));
+            for (int m = 0; m < kScoreVals; ++m) {
+                const int64_t d = lane + kWarp * m;
+                kv[k][m] = valid && d < head_dim ? bf16_bits_value(__ldg(key + key_word(d, head_dim))) : 0.0f;
             }
         }
+#pragma unroll
+        for (int k = 0; k < kScoreKeysPerWarp; ++k) {
+            const float sc = key_score(kv[k], q_s, head_dim, lane, scale);
+            if (lane == 0 && first + k < n_keys) scores[rh * max_keys + first + k] = sc;
+        }
+        return;
     }
-    // warp_sum's butterfly: lane k meets lane k + 16, then + 8, + 4, + 2, + 1.
+    for (int k = 0; k < kScoreKeysPerWarp && first + k < n_keys; ++k) {
+        const uint16_t* key = key_at(a, head_dim, first + k);
+        float acc = 0.0f;
+        for (int64_t d = lane; d < head_dim; d += kWarp)
+            acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(__ldg(key + key_word(d, head_dim))), q_s[d]));
 #pragma unroll
-    for (int o = 16; o >= 1; o >>= 1)
-#pragma unroll
-        for (int k = 0; k < o; ++k) acc[k] = __fadd_rn(acc[k], acc[k + o]);
-    scores[rh * max_keys + i] = __fmul_rn(acc[0], scale);
+        for (int o = 16; o >= 1; o >>= 1) {
+            const float other = __shfl_down_sync(kFullMask, acc, o);
+            if (lane < o) acc = __fadd_rn(acc, other);
+        }
+        if (lane == 0) scores[rh * max_keys + first + k] = __fmul_rn(acc, scale);
+    }
 }
 
 __global__ void __launch_bounds__(kThreads) k_attention_partial(const attention_row* __restrict__ rows, int n_heads,
@@ -243,7 +267,7 @@ cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows,
     float* probs = scores + rh * keys;
     float* partial = probs + rh * keys;
     const dim3 grid{unsigned(rh), unsigned(chunks)};
-    if (cudaError_t e = launch_kernel(s, k_attention_scores, grid, dim3(kChunkKeys), q_bytes, rows, n_heads, head_dim,
+    if (cudaError_t e = launch_kernel(s, k_attention_scores, grid, dim3(kScoreThreads), q_bytes, rows, n_heads, head_dim,
                                       scale, scores, keys);
         e != cudaSuccess)
         return e;

@@ -36,68 +36,53 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Shared floats a warp gives warp_sum_of_squares (two chunks of kSsqChunk).
+// Shared floats a warp gives warp_sum_of_squares: one chunk.
 inline constexpr int kSsqChunk = 1024;  // a multiple of 16 (the lanes' order) and of 128 (32 lanes x float4)
-inline constexpr int kSsqStageFloats = 2 * kSsqChunk;
+inline constexpr int kSsqStageFloats = kSsqChunk;
 
 // The CPU's sum_of_squares over x[0..n) in double (16 interleaved lanes, each in order, then the
 // 8/4/2/1 tree), bit for bit, by one warp (lanes 0..15 hold the lanes); every lane gets the sum.
-// The row comes through `stage` (kSsqStageFloats of the warp's shared memory, 16-byte aligned) in
-// chunks: the whole warp copies chunk c + 1 (cp.async, 16 bytes a lane where aligned, all of the
-// chunk in flight at once) while lanes 0..15 add chunk c from shared memory. Read from global
-// memory by the 16 adding lanes themselves, eight loads in flight, a 4k-value row (hc_mixes) took
-// ~16 us: 32 memory latencies in a row.
+// The whole warp loads the row a chunk at a time (float4 loads where aligned: a chunk's loads all
+// in flight at once, the next chunk's while lanes 0..15 add this one from `stage`, kSsqStageFloats
+// of the warp's shared memory). Read by the 16 adding lanes themselves, eight loads in flight, a
+// 4k-value row (hc_mixes) took ~16 us: 32 memory latencies in a row. Plain loads, not the
+// read-only path: callers write the row later in the same kernel (the engram gate, RMSNorm in place).
 __device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane, float* stage) {
+    constexpr int kPer = kSsqChunk / 128;  // float4 a lane loads per chunk
     const bool vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
     const int64_t chunks = (n + kSsqChunk - 1) / kSsqChunk;
-    const auto issue = [&](int64_t c) {
-        float* buf = stage + (c & 1) * kSsqChunk;
+    float4 next[kPer];
+    const auto load = [&](int64_t c) {
         const int64_t base = c * kSsqChunk;
         const int64_t m = n - base < kSsqChunk ? n - base : kSsqChunk;
         if (vec && m == kSsqChunk) {
 #pragma unroll
-            for (int j = 0; j < kSsqChunk / 128; ++j) {
-                const int at = 4 * (lane + 32 * j);
-                cp_async16(smem_addr(buf + at), x + base + at);
-            }
+            for (int j = 0; j < kPer; ++j) next[j] = reinterpret_cast<const float4*>(x + base)[lane + kWarp * j];
         } else {
-            for (int64_t i = lane; i < m; i += kWarp) cp_async4(smem_addr(buf + i), x + base + i);
+            const auto at = [&](int64_t i) { return i < m ? x[base + i] : 0.0f; };
+#pragma unroll
+            for (int j = 0; j < kPer; ++j) {
+                const int64_t i = 4 * (lane + int64_t(kWarp) * j);
+                next[j] = make_float4(at(i), at(i + 1), at(i + 2), at(i + 3));
+            }
         }
-        cp_async_commit();
     };
-    __syncwarp();  // a previous call's reads of the stage are done
-    if (chunks > 0) issue(0);
+    if (chunks > 0) load(0);
     double acc = 0.0;
     for (int64_t c = 0; c < chunks; ++c) {
-        if (c + 1 < chunks) issue(c + 1);
-        else cp_async_commit();  // an empty group: wait<1> below then means chunk c
-        cp_async_wait<1>();
+        __syncwarp();  // the stage's previous contents have been added
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) reinterpret_cast<float4*>(stage)[lane + kWarp * j] = next[j];
         __syncwarp();
-        const float* buf = stage + (c & 1) * kSsqChunk;
+        if (c + 1 < chunks) load(c + 1);  // in flight while this chunk is added
         const int64_t m = n - c * kSsqChunk < kSsqChunk ? n - c * kSsqChunk : kSsqChunk;
         if (lane < 16)
             for (int64_t i = lane; i < m; i += 16) {  // chunks start at multiples of 16: lane i % 16 of the CPU
-                const double v = double(buf[i]);
+                const double v = double(stage[i]);
                 acc = __dadd_rn(acc, __dmul_rn(v, v));
             }
-        __syncwarp();  // chunk c's buffer may be written again (chunk c + 2)
     }
-    cp_async_wait<0>();
+    __syncwarp();  // the stage is free again for the caller's next use
 #pragma unroll
     for (int o = 8; o >= 1; o >>= 1) {
         const double other = __shfl_down_sync(kFullMask, acc, o);

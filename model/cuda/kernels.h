@@ -67,8 +67,10 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // jobs whose cols are a multiple of 128 (up to 24,000) run on the tensor cores (matmul_mma.cuh:
 // 16 weight rows a warp, x split into fp16 hi + lo, 512-thread blocks, up to ~227 KiB of shared
 // memory); other MXFP4 shapes, in the same launch, on the CUDA-core path.
+// staged_jobs: the descriptors were staged by the host (not written by a kernel of the step), so
+// the CUDA-core kernel may read them, and prefetch its weights, before its predecessor ends.
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
-                   size_t shared);
+                   size_t shared, bool staged_jobs);
 
 // ---- sums and updates ----
 // f[r][d] = bf16(Σ_e src[e][d] for e in [starts[r], starts[r + 1])) in order, then the hc update

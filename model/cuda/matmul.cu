@@ -279,9 +279,14 @@ __device__ __forceinline__ void cuda_core_block(const mm_job& jb, int64_t local,
     const int nr = jb.n - r0 < group ? int(jb.n - r0) : group;
     const int64_t row_floats = chunks * kChunkFloats;
     const int64_t padded = chunks * 32;
-    for (int64_t i = threadIdx.x; i < nr * padded; i += kBlockThreads) {
-        const int64_t r = i / padded, e = i - r * padded;
-        xs[r * row_floats + (e / 32) * kChunkFloats + (e % 32)] = e < jb.cols ? jb.x[(r0 + r) * jb.x_stride + e] : 0.0f;
+    // Row by row, 32-bit indices (a 64-bit division per element cost more than the loads).
+    const int cols = int(jb.cols), pad = int(padded);
+    for (int r = 0; r < nr; ++r) {
+        const float* xr = jb.x + (r0 + r) * jb.x_stride;
+        float* dst = xs + r * row_floats;
+#pragma unroll 4
+        for (int e = int(threadIdx.x); e < pad; e += kBlockThreads)
+            dst[(e >> 5) * kChunkFloats + (e & 31)] = e < cols ? xr[e] : 0.0f;
     }
     __syncthreads();
     for (int k = 0; k < (jb.block_rows + kWarps - 1) / kWarps; ++k) {
@@ -290,11 +295,29 @@ __device__ __forceinline__ void cuda_core_block(const mm_job& jb, int64_t local,
     }
 }
 
+// Asks L2 for the weight rows block `blk` will read (its rows are contiguous; the pair's up
+// rows too). Run before the kernel waits for its predecessor (grid_dependency_prologue), so
+// DRAM's latency passes while the kernel before it still runs: weights never depend on it. Only
+// for launches whose descriptors the host staged (they were on the device before the step's
+// first kernel); a prefetch never returns data, so it cannot make a load read stale bytes.
+__device__ __forceinline__ void prefetch_block_weights(const mm_job* __restrict__ jobs, int n_jobs, int64_t blk) {
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    const int64_t row_blocks = (jb.rows + jb.block_rows - 1) / jb.block_rows;
+    const int64_t o0 = ((blk - jb.first_block) % row_blocks) * jb.block_rows;
+    const int64_t rows = jb.rows - o0 < jb.block_rows ? jb.rows - o0 : jb.block_rows;
+    const int64_t lines = (rows * jb.row_bytes + 127) / 128;
+    for (int64_t i = threadIdx.x; i < lines; i += blockDim.x) {
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(jb.w + o0 * jb.row_bytes + i * 128));
+        if (jb.up) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(jb.up + o0 * jb.row_bytes + i * 128));
+    }
+}
+
 template <ggml_type T>
-__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs) {
-    grid_dependency_prologue();
+__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs, bool staged_jobs) {
     extern __shared__ float xs[];
     const int64_t blk = blockIdx.x;
+    if (staged_jobs) prefetch_block_weights(jobs, n_jobs, blk);
+    grid_dependency_prologue();
     const mm_job& jb = find_job(jobs, n_jobs, blk);
     cuda_core_block<T, kMatmulWarps>(jb, blk - jb.first_block, xs);
 }
@@ -380,7 +403,8 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
 }
 
 template <ggml_type T>
-cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared,
+                          bool staged_jobs) {
     if (shared > kMatmulSharedBytes) return cudaErrorInvalidValue;
     // Opting in to more than 48 KiB of shared memory, once per kernel.
     static bool opted_in = false;
@@ -390,7 +414,7 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    return launch_kernel(s, k_matmul<T>, dim3(blocks), dim3(kThreads), shared, jobs, n_jobs);
+    return launch_kernel(s, k_matmul<T>, dim3(blocks), dim3(kThreads), shared, jobs, n_jobs, staged_jobs);
 }
 
 constexpr size_t kMxfp4SharedMax = mma::kXBudget + mma::kStagingBytes;
@@ -518,15 +542,15 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs) {
 }
 
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
-                   size_t shared) {
+                   size_t shared, bool staged_jobs) {
     if (n_jobs == 0 || total_blocks == 0) return cudaSuccess;
     if (total_blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
     const unsigned blocks = unsigned(total_blocks);
     switch (type) {
-        case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, jobs, n_jobs, blocks, shared);
-        case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared);
-        case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared);
-        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, jobs, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::mxfp4: return launch_mxfp4(s, jobs, n_jobs, blocks, shared);
         default: return cudaErrorInvalidValue;
     }

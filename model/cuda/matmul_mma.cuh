@@ -68,7 +68,18 @@ constexpr size_t mma_shared_bytes(int64_t cols, int64_t n) {
     return size_t((cols / 32) * rows * 128) + kStagingBytes;
 }
 
-// smem_addr and the cp.async helpers: device_common.cuh.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return uint32_t(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
 
 // d = A B + c for one m16n8k16 (fp16 A row-major, B col-major, fp32 accumulators).
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
