@@ -14,6 +14,7 @@ engram_stream::~engram_stream() { reader_.reset(); }
 result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model& m, engram_stream_options opts) {
     std::unique_ptr<engram_stream> s(new engram_stream(opts));
     const auto& hp = m.hp;
+    if (opts.slots == 0) return make_error("engram staging: the arena needs at least one slot");
     if (hp.engram_head_dim + 4096 > int64_t(kWindow))
         return make_error("engram head_dim " + std::to_string(hp.engram_head_dim) + " does not fit the staging window");
     for (int L : hp.engram_layers) {
@@ -31,6 +32,9 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
     if (!arena) return make_error("engram staging: " + arena.message());
     s->arena_ = std::move(*arena);
     s->slots_.resize(size_t(opts.slots) + 1);
+    s->announced_.resize(s->tables_.size());
+    s->assigned_.assign(s->tables_.size(), 0);
+    s->consumed_.assign(s->tables_.size(), 0);
     std::vector<std::string> paths;
     for (size_t i = 0; i < m.target.shard_count(); ++i) paths.push_back(m.target.shard_path(uint32_t(i)));
     engram_stream* self = s.get();
@@ -44,21 +48,40 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
 
 void engram_stream::prefetch(int engram_index, std::span<const int64_t> rows) {
     MS_ASSERT(engram_index >= 0 && size_t(engram_index) < tables_.size());
-    const table& t = tables_[size_t(engram_index)];
     std::vector<io::read_request> batch;
     {
         std::lock_guard lock(mu_);
-        for (int64_t r : rows) {
-            const uint64_t key = row_key(engram_index, r);
-            if (slot_of_.count(key)) continue;  // repeated n-grams are read once
-            if (used_ == opts_.slots) continue;  // full: row() reads it when asked
-            const uint32_t slot = used_++;
-            slot_of_[key] = slot;
-            add_reads(t, r, slot, batch);
-        }
+        auto& ann = announced_[size_t(engram_index)];
+        ann.insert(ann.end(), rows.begin(), rows.end());
+        assign(engram_index, batch);
         in_flight_parts_ += batch.size();
     }
     if (!batch.empty()) reader_->submit(batch);
+}
+
+void engram_stream::assign(int e, std::vector<io::read_request>& batch) {
+    const table& t = tables_[size_t(e)];
+    const auto& ann = announced_[size_t(e)];
+    size_t& next = assigned_[size_t(e)];
+    for (; next < ann.size(); ++next) {
+        const uint64_t key = row_key(e, ann[next]);
+        if (slot_of_.count(key)) continue;  // repeated n-grams are read once a window
+        if (used_ == opts_.slots) break;    // full: the next refill reads it
+        const uint32_t slot = used_++;
+        slot_of_[key] = slot;
+        add_reads(t, ann[next], slot, batch);
+    }
+}
+
+void engram_stream::retire_window() {
+    MS_ASSERT(in_flight_parts_ == 0);
+    for (uint32_t i = 0; i < used_; ++i) {
+        if (slots_[i].failed) continue;
+        ++counters_.rows_read;
+    }
+    counters_.bytes_read += uint64_t(used_) * (tables_.empty() ? 0 : tables_[0].values.bytes + tables_[0].scales.bytes);
+    slot_of_.clear();
+    used_ = 0;
 }
 
 void engram_stream::add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch) {
@@ -92,13 +115,35 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
     const table& t = tables_[size_t(engram_index)];
     std::unique_lock lock(mu_);
     ++counters_.rows_requested;
+    const size_t e = size_t(engram_index);
+    const size_t at = consumed_[e]++;
+    const bool in_order = at < announced_[e].size() && announced_[e][at] == row;
     auto it = slot_of_.find(row_key(engram_index, row));
     uint32_t slot = 0;
     if (it != slot_of_.end()) {
         slot = it->second;
+    } else if (in_order) {
+        // Past the window: once its reads landed, the arena takes the announced rows from this
+        // one on (of this engram layer; the others' rows past their reading point come back to
+        // the arena when the forward reaches them).
+        ++counters_.refills;
+        arrived_.wait(lock, [&] { return in_flight_parts_ == 0; });
+        retire_window();
+        for (size_t o = 0; o < tables_.size(); ++o) assigned_[o] = std::min(assigned_[o], consumed_[o]);
+        assigned_[e] = at;
+        std::vector<io::read_request> batch;
+        assign(engram_index, batch);
+        // Room left: the later engram layers' next rows, read ahead as prefetch() does.
+        for (size_t o = e + 1; o < tables_.size(); ++o) assign(int(o), batch);
+        counters_.overflow += uint64_t(used_);
+        in_flight_parts_ += batch.size();
+        lock.unlock();
+        reader_->submit(batch);
+        lock.lock();
+        slot = slot_of_.at(row_key(engram_index, row));
     } else {
-        // Not announced in time or no room: read it now into the overflow slot, whose previous
-        // row the forward has copied already (the interface's contract).
+        // Not announced (or not in the announced order): read it now into the reserved slot,
+        // whose previous row the forward has copied already (the interface's contract).
         ++counters_.overflow;
         slot = opts_.slots;
         std::vector<io::read_request> batch;
@@ -128,13 +173,11 @@ void engram_stream::end_forward() {
     std::unique_lock lock(mu_);
     // The arena is reused by the next forward: every read into it must have landed.
     arrived_.wait(lock, [&] { return in_flight_parts_ == 0; });
-    for (uint32_t i = 0; i < used_; ++i) {
-        if (slots_[i].failed) continue;
-        ++counters_.rows_read;
+    retire_window();
+    for (size_t e = 0; e < tables_.size(); ++e) {
+        announced_[e].clear();
+        assigned_[e] = consumed_[e] = 0;
     }
-    counters_.bytes_read += uint64_t(used_) * (tables_.empty() ? 0 : tables_[0].values.bytes + tables_[0].scales.bytes);
-    slot_of_.clear();
-    used_ = 0;
 }
 
 engram_counters engram_stream::counters() const {

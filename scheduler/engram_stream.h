@@ -3,9 +3,15 @@
 // announces every row it will read before its first layer (row ids depend only on token ids);
 // each row's values and scales are read with O_DIRECT into a staging arena, so by the time the
 // engram layers run (1 and 14 of 40) the rows are normally there and row() does not wait.
-// Rows beyond the arena's capacity in one forward (long prefills) are read when row() asks for
-// them, into one reserved slot (counted as overflow). Nothing reads the memory mapping: a model
-// file truncated or replaced under a server gives read errors naming the file, never a SIGBUS.
+// A forward that announces more rows than the arena holds (a long prefill: 2,048 tokens of mini
+// are 32k rows) has them read in windows: the arena takes the announced rows in the order the
+// forward reads them (each engram layer's rows, row by row), and when the forward reaches a row
+// past the current window the arena is refilled with the next `slots` rows at once (the forward
+// has copied every row it got: the interface's contract when a source has no room). Reading
+// those one at a time on demand made a 2,048-token prefill wait 6.7 s for its 9 uploads on the
+// H200, with the disk almost idle. A row asked for out of the announced order is read alone into
+// one reserved slot. Nothing reads the memory mapping: a model file truncated or replaced under a
+// server gives read errors naming the file, never a SIGBUS.
 //
 // Thread safety: prefetch/row/end_forward from the compute thread; completions on the reader's.
 #pragma once
@@ -33,7 +39,8 @@ struct engram_counters {
     uint64_t rows_requested = 0;  // row() calls
     uint64_t rows_read = 0;       // distinct rows read from disk
     uint64_t bytes_read = 0;      // payload bytes (values + scales)
-    uint64_t overflow = 0;        // rows read on demand (arena full)
+    uint64_t overflow = 0;        // rows read after the forward reached them (refills, out-of-order rows)
+    uint64_t refills = 0;         // arena refills with the next window of announced rows
     uint64_t waits = 0;           // row() calls that had to wait for the disk
     double wait_seconds = 0;
 };
@@ -62,6 +69,11 @@ class engram_stream final : public dsv41::engram_source {
 
     explicit engram_stream(engram_stream_options opts) : opts_(opts) {}
     void on_read(uint64_t tag, const status& st);
+    // Gives free slots to engram layer e's announced rows from assigned_[e] on (a repeated row of
+    // the window shares its slot); the reads go into `batch`.
+    void assign(int e, std::vector<io::read_request>& batch);
+    // Counts the window's rows and frees the arena; every read into it must have landed.
+    void retire_window();
     // The reads of `row`'s values and scales into slot `slot`.
     void add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch);
     std::byte* window(uint32_t slot, int part) const { return arena_.data() + (uint64_t(slot) * 2 + uint64_t(part)) * kWindow; }
@@ -73,7 +85,11 @@ class engram_stream final : public dsv41::engram_source {
 
     mutable std::mutex mu_;
     std::condition_variable arrived_;
-    std::unordered_map<uint64_t, uint32_t> slot_of_;  // (engram index, row) -> slot, this forward
+    std::unordered_map<uint64_t, uint32_t> slot_of_;  // (engram index, row) -> slot, this window
+    // Per engram layer, this forward: the announced rows in reading order, how many of them were
+    // given a slot (in this window or an earlier one), and how many row() has read.
+    std::vector<std::vector<int64_t>> announced_;
+    std::vector<size_t> assigned_, consumed_;
     std::vector<slot_state> slots_;  // opts_.slots announced rows, then the overflow slot
     uint32_t used_ = 0;
     uint64_t in_flight_parts_ = 0;

@@ -70,6 +70,8 @@ struct decode_figures {
     double expert_bytes_per_token = 0;
     cuda::backend_stats decode_stats;  // the decode steps' counters
     std::vector<cuda::op_time> profile;  // the decode steps' ops, when profiled
+    std::vector<cuda::op_time> prefill_profile;  // the prefill's ops, when profiled
+    double prefill_profiled_s = 0;               // that prefill's time (events after each op)
 };
 
 // Expert bytes a one-row step touches when it routes through the slot table (it announces
@@ -115,7 +117,17 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     if (auto st = mdl.forward({&item, 1}, logits); !st) return st.err();
     f.prefill_tps = double(prompt_len) / since(t0);
     count.take_bytes();
-    if (profile) cuda::set_profile(*s.compute, true);
+    if (profile) {
+        // The same prefill again on a fresh sequence, each op timed.
+        cuda::set_profile(*s.compute, true);
+        auto again = mdl.new_sequence(prompt_len + 1, 16);
+        dsv41::forward_item p{again.get(), prompt, false};
+        const auto tp = clock_type::now();
+        if (auto st = mdl.forward({&p, 1}, logits); !st) return st.err();
+        f.prefill_profiled_s = since(tp);
+        f.prefill_profile = cuda::take_profile(*s.compute);
+        count.take_bytes();
+    }
     const auto stats0 = cuda::stats(*s.compute);
     const int64_t routed_bytes = slot_table_bytes_per_token(source, s.hp());
     int64_t expert_bytes = 0;
@@ -249,6 +261,16 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
             const auto& o = p->profile[i];
             std::printf("  %-24s %6.1f a step %9.1f us %5.1f%%\n", o.op.c_str(), double(o.count) / steps,
                         o.seconds / steps * 1e6, 100.0 * o.seconds / total);
+        }
+        double prefill_total = 0;
+        for (const auto& o : p->prefill_profile) prefill_total += o.seconds;
+        std::printf("device time of the %lld-token prefill by op (stream launches, an event after each op; %.3f s, "
+                    "%.3f s of ops):\n",
+                    static_cast<long long>(prompt_len), p->prefill_profiled_s, prefill_total);
+        for (size_t i = 0; i < p->prefill_profile.size() && i < 12; ++i) {
+            const auto& o = p->prefill_profile[i];
+            std::printf("  %-24s %8llu %10.1f ms %5.1f%%\n", o.op.c_str(), static_cast<unsigned long long>(o.count),
+                        o.seconds * 1e3, 100.0 * o.seconds / prefill_total);
         }
     }
     // The CPU backend on the same prompt, for the ratio.
