@@ -36,64 +36,51 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// Shared floats a warp gives warp_sum_of_squares: one chunk.
-inline constexpr int kSsqChunk = 1024;  // a multiple of 16 (the lanes' order) and of 128 (32 lanes x float4)
-inline constexpr int kSsqStageFloats = kSsqChunk;
-
-// The CPU's sum_of_squares over x[0..n) in double (16 interleaved lanes, each in order, then the
-// 8/4/2/1 tree), bit for bit, by one warp (lanes 0..15 hold the lanes); every lane gets the sum.
-// The whole warp loads the row a chunk at a time (float4 loads where aligned: a chunk's loads all
-// in flight at once, the next chunk's while lanes 0..15 add this one from `stage`, kSsqStageFloats
-// of the warp's shared memory). Read by the 16 adding lanes themselves, eight loads in flight, a
-// 4k-value row (hc_mixes) took ~16 us: 32 memory latencies in a row. Plain loads, not the
-// read-only path: callers write the row later in the same kernel (the engram gate, RMSNorm in place).
-__device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane, float* stage) {
-    constexpr int kPer = kSsqChunk / 128;  // float4 a lane loads per chunk
-    const bool vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-    const int64_t chunks = (n + kSsqChunk - 1) / kSsqChunk;
-    float4 next[kPer];
-    const auto load = [&](int64_t c) {
-        const int64_t base = c * kSsqChunk;
-        const int64_t m = n - base < kSsqChunk ? n - base : kSsqChunk;
-        if (vec && m == kSsqChunk) {
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) next[j] = reinterpret_cast<const float4*>(x + base)[lane + kWarp * j];
-        } else {
-            const auto at = [&](int64_t i) { return i < m ? x[base + i] : 0.0f; };
-#pragma unroll
-            for (int j = 0; j < kPer; ++j) {
-                const int64_t i = 4 * (lane + int64_t(kWarp) * j);
-                next[j] = make_float4(at(i), at(i + 1), at(i + 2), at(i + 3));
-            }
-        }
+// Σx² over x[0..n) in double by one warp; every lane gets the same sum. Element i goes to lane
+// (i / 4) % 32, accumulator i % 4 (a lane's float4 loads, eight in flight), each accumulator in
+// index order; then a lane's four in a fixed pair order and the lanes by a fixed tree. The CPU
+// sums 16 interleaved lanes in order (a chain of n / 16 dependent double adds: ~6 us for the 4k
+// values of hc_mixes on the H200); in double, the float the caller rounds the sum to is the
+// CPU's unless the sum falls within ~1e-15 of a float rounding boundary, and on the GPU the
+// order is always the same. Plain loads, not the read-only path: callers write the row later in
+// the same kernel (the engram gate, RMSNorm in place).
+__device__ __forceinline__ double warp_sum_of_squares(const float* x, int64_t n, int lane) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    const auto add = [&](float4 v) {
+        acc[0] = __dadd_rn(acc[0], __dmul_rn(double(v.x), double(v.x)));
+        acc[1] = __dadd_rn(acc[1], __dmul_rn(double(v.y), double(v.y)));
+        acc[2] = __dadd_rn(acc[2], __dmul_rn(double(v.z), double(v.z)));
+        acc[3] = __dadd_rn(acc[3], __dmul_rn(double(v.w), double(v.w)));
     };
-    if (chunks > 0) load(0);
-    double acc = 0.0;
-    for (int64_t c = 0; c < chunks; ++c) {
-        __syncwarp();  // the stage's previous contents have been added
+    constexpr int kAhead = 8;
+    const int64_t quads = n / 4;  // whole float4s; the tail (n % 4) below
+    if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+        const float4* q = reinterpret_cast<const float4*>(x);
+        int64_t i = lane;
+        for (; i + (kAhead - 1) * kWarp < quads; i += kAhead * kWarp) {
+            float4 v[kAhead];
 #pragma unroll
-        for (int j = 0; j < kPer; ++j) reinterpret_cast<float4*>(stage)[lane + kWarp * j] = next[j];
-        __syncwarp();
-        if (c + 1 < chunks) load(c + 1);  // in flight while this chunk is added
-        const int64_t m = n - c * kSsqChunk < kSsqChunk ? n - c * kSsqChunk : kSsqChunk;
-        if (lane < 16)
-            for (int64_t i = lane; i < m; i += 16) {  // chunks start at multiples of 16: lane i % 16 of the CPU
-                const double v = double(stage[i]);
-                acc = __dadd_rn(acc, __dmul_rn(v, v));
-            }
-    }
-    __syncwarp();  // the stage is free again for the caller's next use
+            for (int a = 0; a < kAhead; ++a) v[a] = q[i + a * kWarp];
 #pragma unroll
-    for (int o = 8; o >= 1; o >>= 1) {
-        const double other = __shfl_down_sync(kFullMask, acc, o);
-        if (lane < o) acc = __dadd_rn(acc, other);
+            for (int a = 0; a < kAhead; ++a) add(v[a]);
+        }
+        for (; i < quads; i += kWarp) add(q[i]);
+    } else {
+        for (int64_t i = lane; i < quads; i += kWarp) add(make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]));
     }
-    return __shfl_sync(kFullMask, acc, 0);
+    if (n % 4 && lane == int(quads % kWarp)) {  // the tail continues the lane order: lane (i / 4) % 32
+        const int64_t t = 4 * quads;
+        add(make_float4(t < n ? x[t] : 0.0f, t + 1 < n ? x[t + 1] : 0.0f, t + 2 < n ? x[t + 2] : 0.0f, 0.0f));
+    }
+    double s = __dadd_rn(__dadd_rn(acc[0], acc[1]), __dadd_rn(acc[2], acc[3]));
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) s = __dadd_rn(s, __shfl_down_sync(kFullMask, s, o));
+    return __shfl_sync(kFullMask, s, 0);
 }
 
 // The CPU's inv_rms: 1 / sqrt(float(Σx² / n) + eps), by one warp.
-__device__ __forceinline__ float warp_inv_rms(const float* x, int64_t n, float eps, int lane, float* stage) {
-    const double ss = warp_sum_of_squares(x, n, lane, stage);
+__device__ __forceinline__ float warp_inv_rms(const float* x, int64_t n, float eps, int lane) {
+    const double ss = warp_sum_of_squares(x, n, lane);
     const float mean = __double2float_rn(__ddiv_rn(ss, double(n)));
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }

@@ -20,9 +20,8 @@ __global__ void k_rms_norm(const float* __restrict__ x, int64_t n, int64_t dim, 
     const int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (row >= n) return;
-    __shared__ __align__(16) float stage[kNormWarps][kSsqStageFloats];
     const float* xr = x + row * dim;
-    const float s = warp_inv_rms(xr, dim, eps, lane, stage[threadIdx.x / kWarp]);
+    const float s = warp_inv_rms(xr, dim, eps, lane);
     float* yr = y + row * dim;
     for (int64_t i = lane; i < dim; i += kWarp) {
         float v = __fmul_rn(xr[i], s);

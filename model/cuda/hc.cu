@@ -18,8 +18,9 @@ constexpr int kRowsPerBlock = 4;  // warps of k_hc_mixes and k_engram_gate block
 // Sinkhorn step is cpu_backend::hc_mixes's arithmetic, without a pass through memory (one lane
 // walking the matrix in global memory cost ~70 us a call; one lane with the matrix in
 // registers, ~35 us: the divisions of a line then run one after another).
-constexpr int kCombRegs = (kMaxHc * kMaxHc + kWarp - 1) / kWarp;
-
+// kCombRegs is 1 when the matrix fits one register a lane (hc <= 5): half the shuffles of a line
+// sum, on the chain of 40 line sums.
+template <int kCombRegs>
 __device__ __forceinline__ float comb_element(const float (&c)[kCombRegs], int e) {
     e = e < kCombRegs * kWarp ? e : 0;  // lanes past the matrix read something harmless
     float v = 0.0f;
@@ -32,6 +33,7 @@ __device__ __forceinline__ float comb_element(const float (&c)[kCombRegs], int e
 }
 
 // Each register's line sum (a row when stride is 1, a column when stride is hc), in order.
+template <int kCombRegs>
 __device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int (&first)[kCombRegs], int stride, int hc,
                                           float (&sum)[kCombRegs]) {
 #pragma unroll
@@ -43,6 +45,7 @@ __device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int
 
 // One warp per row: the RMS scale of the row's streams (all of them, one statistic), then pre,
 // post and comb exactly as cpu_backend::hc_mixes forms them.
+template <int kCombRegs>
 __global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc,
                            int64_t dim, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                            float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
@@ -50,8 +53,7 @@ __global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict_
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (r >= n) return;  // whole warps leave together
-    __shared__ __align__(16) float stage[kRowsPerBlock][kSsqStageFloats];
-    const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
+    const float s = warp_inv_rms(H + r * hc * dim, hc * dim, norm_eps, lane);
     const int n_mix = (2 + hc) * hc, n_comb = hc * hc;
     const float* m = mix_in + r * n_mix;
     if (lane < hc) {
@@ -144,8 +146,23 @@ __global__ void k_sum_rows(const float* const* __restrict__ src, const int64_t* 
     grid_dependency_prologue();
     MS_GRID_LOOP(t, n * dim) {
         const int64_t r = t / dim, d = t % dim;
+        // The terms in order; a batch's pointers first, then their values, so the loads of a
+        // batch are in flight together (one term after another was two memory latencies each).
+        constexpr int kBatch = 8;
+        const int64_t end = starts[r + 1];
+        int64_t e = starts[r];
         float acc = 0.0f;
-        for (int64_t e = starts[r]; e < starts[r + 1]; ++e) acc = __fadd_rn(acc, src[e][d]);
+        for (; e < end; e += kBatch) {
+            const float* p[kBatch];
+#pragma unroll
+            for (int a = 0; a < kBatch; ++a) p[a] = e + a < end ? src[e + a] : nullptr;
+            float v[kBatch];
+#pragma unroll
+            for (int a = 0; a < kBatch; ++a) v[a] = p[a] ? p[a][d] : 0.0f;
+#pragma unroll
+            for (int a = 0; a < kBatch; ++a)
+                if (p[a]) acc = __fadd_rn(acc, v[a]);  // (adding a 0 would turn -0 into +0)
+        }
         const float fr = numeric::round_bf16(acc);
         f[t] = fr;
         if (!upd.H) continue;
@@ -168,9 +185,8 @@ __global__ void k_engram_gate(float* H, int64_t n, int hc, int64_t dim, const fl
     float* Hk = H + (r * hc + k) * dim;
     const float* key = kv + (r * (hc + 1) + k) * dim;
     const float* value = kv + (r * (hc + 1) + hc) * dim;
-    __shared__ __align__(16) float stage[kRowsPerBlock][kSsqStageFloats];
-    const float sh = warp_inv_rms(Hk, dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
-    const float sk = warp_inv_rms(key, dim, norm_eps, lane, stage[threadIdx.x / kWarp]);
+    const float sh = warp_inv_rms(Hk, dim, norm_eps, lane);
+    const float sk = warp_inv_rms(key, dim, norm_eps, lane);
     const float* w = qk + k * dim;
     double acc = 0.0;
     if (lane < 16)
@@ -200,8 +216,12 @@ cudaError_t hc_mixes(cudaStream_t s, const float* H, const float* mix, int64_t n
     if (n == 0) return cudaSuccess;
     if (hc > kMaxHc) return cudaErrorInvalidValue;
     constexpr int rows_per_block = kRowsPerBlock;
-    return launch_kernel(s, k_hc_mixes, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, H, mix, n,
-                         hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb);
+    if (hc * hc <= kWarp)
+        return launch_kernel(s, k_hc_mixes<1>, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, H,
+                             mix, n, hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb);
+    return launch_kernel(s, k_hc_mixes<(kMaxHc * kMaxHc + kWarp - 1) / kWarp>, dim3(grid_for(n, rows_per_block)),
+                         dim3(rows_per_block * kWarp), 0, H, mix, n, hc, dim, base, scale, iters, hc_eps, norm_eps, pre,
+                         post, comb);
 }
 
 cudaError_t hc_collapse(cudaStream_t s, const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {
