@@ -1,5 +1,6 @@
 #include "scheduler/engram_stream.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace moestream {
@@ -27,11 +28,13 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
         t.scales = {sc->shard, sc->file_offset, uint64_t(sc->ne[0]), nullptr, 0};
         s->tables_.push_back(t);
     }
-    // One more slot than rows announced: the overflow slot.
+    // One more slot than rows announced: the reserved slot. A window's coalesced reads never take
+    // more than its parts would alone (two windows a slot).
     auto arena = io::aligned_buffer::allocate((size_t(opts.slots) + 1) * 2 * kWindow);
     if (!arena) return make_error("engram staging: " + arena.message());
     s->arena_ = std::move(*arena);
-    s->slots_.resize(size_t(opts.slots) + 1);
+    s->places_.resize(size_t(opts.slots) + 1);
+    s->extents_.resize(2 * size_t(opts.slots) + 2);
     s->announced_.resize(s->tables_.size());
     s->assigned_.assign(s->tables_.size(), 0);
     s->consumed_.assign(s->tables_.size(), 0);
@@ -53,13 +56,14 @@ void engram_stream::prefetch(int engram_index, std::span<const int64_t> rows) {
         std::lock_guard lock(mu_);
         auto& ann = announced_[size_t(engram_index)];
         ann.insert(ann.end(), rows.begin(), rows.end());
-        assign(engram_index, batch);
-        in_flight_parts_ += batch.size();
+        std::vector<part> parts;
+        assign(engram_index, parts);
+        plan_reads(parts, batch);
     }
     if (!batch.empty()) reader_->submit(batch);
 }
 
-void engram_stream::assign(int e, std::vector<io::read_request>& batch) {
+void engram_stream::assign(int e, std::vector<part>& parts) {
     const table& t = tables_[size_t(e)];
     const auto& ann = announced_[size_t(e)];
     size_t& next = assigned_[size_t(e)];
@@ -69,43 +73,74 @@ void engram_stream::assign(int e, std::vector<io::read_request>& batch) {
         if (used_ == opts_.slots) break;    // full: the next refill reads it
         const uint32_t slot = used_++;
         slot_of_[key] = slot;
-        add_reads(t, ann[next], slot, batch);
+        add_parts(t, ann[next], slot, parts);
     }
+}
+
+void engram_stream::add_parts(const table& t, int64_t row, uint32_t slot, std::vector<part>& parts) const {
+    parts.push_back({t.values.file, t.values.offset + uint64_t(row) * t.values.bytes, t.values.bytes, slot, false});
+    parts.push_back({t.scales.file, t.scales.offset + uint64_t(row) * t.scales.bytes, t.scales.bytes, slot, true});
+}
+
+void engram_stream::plan_reads(std::vector<part>& parts, std::vector<io::read_request>& batch) {
+    constexpr uint64_t kPage = 4096;
+    const auto page_of = [](uint64_t offset) { return offset / kPage * kPage; };
+    const auto end_of = [](const part& p) { return (p.offset + p.bytes + kPage - 1) / kPage * kPage; };
+    std::sort(parts.begin(), parts.end(), [&](const part& a, const part& b) {
+        return a.file != b.file ? a.file < b.file : a.offset < b.offset;
+    });
+    for (size_t i = 0; i < parts.size();) {
+        // A run of parts whose pages overlap or touch: one read of the pages from the first's to
+        // the furthest end (no more bytes than the parts' own pages).
+        // (The read itself ends at the last part's last byte: a page past it may be past the file.)
+        const uint64_t start = page_of(parts[i].offset);
+        uint64_t end = end_of(parts[i]), data_end = parts[i].offset + parts[i].bytes;
+        size_t j = i + 1;
+        for (; j < parts.size() && parts[j].file == parts[i].file && page_of(parts[j].offset) <= end; ++j) {
+            end = std::max(end, end_of(parts[j]));
+            data_end = std::max(data_end, parts[j].offset + parts[j].bytes);
+        }
+        const uint32_t x = extents_used_++;
+        MS_ASSERT(x < 2 * opts_.slots);
+        MS_ASSERT(arena_used_ + (end - start) <= uint64_t(opts_.slots) * 2 * kWindow);
+        extents_[x] = extent_state{};
+        for (size_t k = i; k < j; ++k) {
+            row_place& pl = places_[parts[k].slot];
+            const uint64_t at = arena_used_ + (parts[k].offset - start);
+            if (parts[k].scales) pl.scale_extent = x, pl.scale_at = at;
+            else pl.value_extent = x, pl.value_at = at;
+        }
+        batch.push_back({parts[i].file, start, data_end - start, arena_.data() + arena_used_, x});
+        arena_used_ += end - start;
+        i = j;
+    }
+    in_flight_parts_ += batch.size();
+    counters_.disk_reads += batch.size();
 }
 
 void engram_stream::retire_window() {
     MS_ASSERT(in_flight_parts_ == 0);
     for (uint32_t i = 0; i < used_; ++i) {
-        if (slots_[i].failed) continue;
+        const row_place& pl = places_[i];
+        if (extents_[pl.value_extent].failed || extents_[pl.scale_extent].failed) continue;
         ++counters_.rows_read;
     }
     counters_.bytes_read += uint64_t(used_) * (tables_.empty() ? 0 : tables_[0].values.bytes + tables_[0].scales.bytes);
     slot_of_.clear();
     used_ = 0;
-}
-
-void engram_stream::add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch) {
-    slots_[slot] = slot_state{2, false, {}};
-    io::read_request v = t.values, s = t.scales;
-    v.offset += uint64_t(row) * t.values.bytes;
-    s.offset += uint64_t(row) * t.scales.bytes;
-    v.dst = window(slot, 0);
-    s.dst = window(slot, 1);
-    v.tag = uint64_t(slot) * 2;
-    s.tag = uint64_t(slot) * 2 + 1;
-    batch.push_back(v);
-    batch.push_back(s);
+    extents_used_ = 0;
+    arena_used_ = 0;
 }
 
 void engram_stream::on_read(uint64_t tag, const status& st) {
     {
         std::lock_guard lock(mu_);
-        slot_state& s = slots_[size_t(tag / 2)];
-        if (!st.ok() && !s.failed) {
-            s.failed = true;
-            s.error = st.message();
+        extent_state& x = extents_[size_t(tag)];
+        if (!st.ok() && !x.failed) {
+            x.failed = true;
+            x.error = st.message();
         }
-        --s.parts_left;
+        x.done = true;
         --in_flight_parts_;
     }
     arrived_.notify_all();
@@ -131,12 +166,13 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
         retire_window();
         for (size_t o = 0; o < tables_.size(); ++o) assigned_[o] = std::min(assigned_[o], consumed_[o]);
         assigned_[e] = at;
-        std::vector<io::read_request> batch;
-        assign(engram_index, batch);
+        std::vector<part> parts;
+        assign(engram_index, parts);
         // Room left: the later engram layers' next rows, read ahead as prefetch() does.
-        for (size_t o = e + 1; o < tables_.size(); ++o) assign(int(o), batch);
+        for (size_t o = e + 1; o < tables_.size(); ++o) assign(int(o), parts);
         counters_.overflow += uint64_t(used_);
-        in_flight_parts_ += batch.size();
+        std::vector<io::read_request> batch;
+        plan_reads(parts, batch);
         lock.unlock();
         reader_->submit(batch);
         lock.lock();
@@ -145,28 +181,35 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
         // Not announced (or not in the announced order): read it now into the reserved slot,
         // whose previous row the forward has copied already (the interface's contract).
         ++counters_.overflow;
-        slot = opts_.slots;
-        std::vector<io::read_request> batch;
-        add_reads(t, row, slot, batch);
-        in_flight_parts_ += batch.size();
+        slot = reserved_slot();
+        std::byte* const area = arena_.data() + uint64_t(slot) * 2 * kWindow;
+        const uint32_t xv = 2 * opts_.slots, xs = xv + 1;
+        extents_[xv] = extents_[xs] = extent_state{};
+        const uint64_t v_off = t.values.offset + uint64_t(row) * t.values.bytes;
+        const uint64_t s_off = t.scales.offset + uint64_t(row) * t.scales.bytes;
+        row_place& pl = places_[slot];
+        pl = {xv, xs, uint64_t(area - arena_.data()) + v_off % 4096, uint64_t(area - arena_.data()) + kWindow + s_off % 4096};
+        const io::read_request batch[] = {{t.values.file, v_off, t.values.bytes, area, xv},
+                                          {t.scales.file, s_off, t.scales.bytes, area + kWindow, xs}};
+        in_flight_parts_ += 2;
+        counters_.disk_reads += 2;
         lock.unlock();
         reader_->submit(batch);
         lock.lock();
     }
-    slot_state& s = slots_[slot];
-    if (s.parts_left > 0) {
+    const row_place& pl = places_[slot];
+    const extent_state &xv = extents_[pl.value_extent], &xs = extents_[pl.scale_extent];
+    if (!xv.done || !xs.done) {
         ++counters_.waits;
         const auto t0 = std::chrono::steady_clock::now();
-        arrived_.wait(lock, [&] { return s.parts_left == 0; });
+        arrived_.wait(lock, [&] { return xv.done && xs.done; });
         counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
-    if (s.failed)
+    if (xv.failed || xs.failed)
         return make_error("engram row " + std::to_string(row) + " of engram layer " + std::to_string(engram_index) +
-                          " could not be read: " + s.error);
-    const uint64_t v_off = t.values.offset + uint64_t(row) * t.values.bytes;
-    const uint64_t s_off = t.scales.offset + uint64_t(row) * t.scales.bytes;
-    return dsv41::engram_row{reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(slot, 0), v_off)),
-                             reinterpret_cast<const uint8_t*>(io::uring_reader::data_pointer(window(slot, 1), s_off))};
+                          " could not be read: " + (xv.failed ? xv.error : xs.error));
+    return dsv41::engram_row{reinterpret_cast<const uint8_t*>(arena_.data() + pl.value_at),
+                             reinterpret_cast<const uint8_t*>(arena_.data() + pl.scale_at)};
 }
 
 void engram_stream::end_forward() {

@@ -9,8 +9,10 @@
 // past the current window the arena is refilled with the next `slots` rows at once (the forward
 // has copied every row it got: the interface's contract when a source has no room). Reading
 // those one at a time on demand made a 2,048-token prefill wait 6.7 s for its 9 uploads on the
-// H200, with the disk almost idle. A row asked for out of the announced order is read alone into
-// one reserved slot. Nothing reads the memory mapping: a model file truncated or replaced under a
+// H200, with the disk almost idle. The reads of a batch of rows are coalesced: their 4 KiB pages
+// sorted by offset, overlapping and adjacent ones joined into one read (a table of a small model
+// is then read nearly sequentially; random 4 KiB reads left the virtio disk at ~25k reads a
+// second). A row asked for out of the announced order is read alone into one reserved slot. Nothing reads the memory mapping: a model file truncated or replaced under a
 // server gives read errors naming the file, never a SIGBUS.
 //
 // Thread safety: prefetch/row/end_forward from the compute thread; completions on the reader's.
@@ -41,6 +43,7 @@ struct engram_counters {
     uint64_t bytes_read = 0;      // payload bytes (values + scales)
     uint64_t overflow = 0;        // rows read after the forward reached them (refills, out-of-order rows)
     uint64_t refills = 0;         // arena refills with the next window of announced rows
+    uint64_t disk_reads = 0;      // reads issued (coalesced: one covers neighbouring rows)
     uint64_t waits = 0;           // row() calls that had to wait for the disk
     double wait_seconds = 0;
 };
@@ -60,23 +63,36 @@ class engram_stream final : public dsv41::engram_source {
     struct table {
         io::read_request values, scales;  // file, offset of row 0; bytes of one row
     };
-    struct slot_state {
-        int parts_left = 0;
-        bool failed = false;
+    // One read of the window: a run of pages holding parts of one or more rows.
+    struct extent_state {
+        bool done = false, failed = false;
         std::string error;
     };
-    static constexpr uint64_t kWindow = 8192;  // staging window of one part
+    // Where a slot's row lies: its values' and scales' bytes in the arena, and their reads.
+    struct row_place {
+        uint32_t value_extent = 0, scale_extent = 0;
+        uint64_t value_at = 0, scale_at = 0;
+    };
+    // A part (values or scales) of a row the next reads must bring.
+    struct part {
+        uint32_t file;
+        uint64_t offset, bytes;
+        uint32_t slot;
+        bool scales;
+    };
+    static constexpr uint64_t kWindow = 8192;  // arena bytes a part may need (a row part within two pages)
 
     explicit engram_stream(engram_stream_options opts) : opts_(opts) {}
     void on_read(uint64_t tag, const status& st);
     // Gives free slots to engram layer e's announced rows from assigned_[e] on (a repeated row of
-    // the window shares its slot); the reads go into `batch`.
-    void assign(int e, std::vector<io::read_request>& batch);
+    // the window shares its slot); their parts go into `parts`.
+    void assign(int e, std::vector<part>& parts);
+    // The coalesced reads of `parts` (the arena's next bytes), into `batch`.
+    void plan_reads(std::vector<part>& parts, std::vector<io::read_request>& batch);
     // Counts the window's rows and frees the arena; every read into it must have landed.
     void retire_window();
-    // The reads of `row`'s values and scales into slot `slot`.
-    void add_reads(const table& t, int64_t row, uint32_t slot, std::vector<io::read_request>& batch);
-    std::byte* window(uint32_t slot, int part) const { return arena_.data() + (uint64_t(slot) * 2 + uint64_t(part)) * kWindow; }
+    void add_parts(const table& t, int64_t row, uint32_t slot, std::vector<part>& parts) const;
+    uint32_t reserved_slot() const { return opts_.slots; }
 
     engram_stream_options opts_;
     std::vector<table> tables_;
@@ -90,9 +106,12 @@ class engram_stream final : public dsv41::engram_source {
     // given a slot (in this window or an earlier one), and how many row() has read.
     std::vector<std::vector<int64_t>> announced_;
     std::vector<size_t> assigned_, consumed_;
-    std::vector<slot_state> slots_;  // opts_.slots announced rows, then the overflow slot
-    uint32_t used_ = 0;
-    uint64_t in_flight_parts_ = 0;
+    std::vector<row_place> places_;      // opts_.slots announced rows, then the reserved slot
+    std::vector<extent_state> extents_;  // the window's reads (at most two a slot), then the reserved slot's two
+    uint32_t used_ = 0;                  // slots of the window
+    uint32_t extents_used_ = 0;
+    uint64_t arena_used_ = 0;            // bytes of the window's reads
+    uint64_t in_flight_parts_ = 0;       // reads submitted, not completed
     engram_counters counters_;
 };
 

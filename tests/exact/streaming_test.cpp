@@ -167,13 +167,17 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
         const auto c = (*es)->counters();
         BOOST_TEST_MESSAGE("engram arena " << slots << " rows: " << c.rows_requested << " looked up, " << c.rows_read
                                            << " read, " << c.overflow << " after the forward reached them, "
-                                           << c.refills << " refills, " << c.waits << " waited");
+                                           << c.refills << " refills, " << c.disk_reads << " disk reads, " << c.waits
+                                           << " waited");
         BOOST_TEST(same_bits(got, reference), "arena " << slots);
         BOOST_TEST(c.rows_read > 0u);
         BOOST_TEST((slots == 16u) == (c.overflow > 0u));
         // Past the arena the rows come in windows of `slots`, not one read per row.
         BOOST_TEST((slots == 16u) == (c.refills > 0u));
         BOOST_TEST(c.refills <= c.rows_requested / slots + 4, c.refills << " refills");
+        // Coalesced: never more than two reads a row read, fewer where rows share pages.
+        BOOST_TEST(c.disk_reads > 0u);
+        BOOST_TEST(c.disk_reads < 2 * c.rows_read, c.disk_reads << " reads for " << c.rows_read << " rows");
     }
 }
 
