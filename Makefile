@@ -33,10 +33,11 @@ test: test-release test-asan test-fuzz
 test-release: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
+# The sanitizer build at -O1 (ASan's advice): at -O0 its server suite alone took 10.5 of CI's 40 minutes.
 test-asan: deps
-	@cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOESTREAM_SANITIZE=ON -DMOESTREAM_CUDA=OFF >/dev/null
+	@cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" -DMOESTREAM_SANITIZE=ON -DMOESTREAM_CUDA=OFF >/dev/null
 	@cmake --build $(BUILD_ASAN) -j $(JOBS) --target test_config test_storage test_model test_tools test_exact test_server moestream
-	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -R '^(config|storage|model|tools|exact|server|cli|convert|compare|model_cli|serve|ws)$$'
+	ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -R '^(config|storage|model|tools|exact|server|server_vocab|cli|convert|compare|model_cli|serve|ws)$$'
 
 test-fuzz: deps
 	@tests/fuzz/run_fuzz.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) || { rc=$$?; [ $$rc -eq 77 ] && echo "fuzz: skipped"; [ $$rc -eq 77 ]; }

@@ -26,7 +26,9 @@ endfunction()
 # One Boost.Test executable per module, built from tests/<module>/*.cpp and registered in ctest.
 # Exit code 77 means "skipped" (no GPU, no io_uring, fixtures absent).
 function(moestream_test_suite module)
-  cmake_parse_arguments(ARG "" "" "DEPS;LABELS" ${ARGN})
+  # SPLIT NAME SUITE...: those suites run as a ctest test of their own (NAME), the rest as
+  # `module`, so that ctest -j runs a long suite beside the others.
+  cmake_parse_arguments(ARG "" "" "DEPS;LABELS;SPLIT" ${ARGN})
   file(GLOB srcs CONFIGURE_DEPENDS "${CMAKE_CURRENT_SOURCE_DIR}/${module}/*.cpp")
   list(LENGTH srcs n_srcs)
   if(n_srcs LESS 2)  # main.cpp alone holds no test
@@ -40,6 +42,14 @@ function(moestream_test_suite module)
       MOESTREAM_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
       MOESTREAM_BINARY_DIR="${PROJECT_BINARY_DIR}")
   target_compile_options(${exe} PRIVATE ${MOESTREAM_WARNINGS})
-  add_test(NAME ${module} COMMAND ${exe} --log_level=message --report_level=short)
+  if(ARG_SPLIT)
+    list(POP_FRONT ARG_SPLIT split_name)
+    list(JOIN ARG_SPLIT "," split_suites)
+    add_test(NAME ${module} COMMAND ${exe} --log_level=message --report_level=short "--run_test=!${split_suites}")
+    add_test(NAME ${split_name} COMMAND ${exe} --log_level=message --report_level=short "--run_test=${split_suites}")
+    set_tests_properties(${split_name} PROPERTIES SKIP_RETURN_CODE 77 LABELS "${ARG_LABELS}")
+  else()
+    add_test(NAME ${module} COMMAND ${exe} --log_level=message --report_level=short)
+  endif()
   set_tests_properties(${module} PROPERTIES SKIP_RETURN_CODE 77 LABELS "${ARG_LABELS}")
 endfunction()

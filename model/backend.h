@@ -108,6 +108,22 @@ struct key_store {
     int64_t count = 1;
 };
 
+// One RMSNorm of backend::norm_rows: y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps) for r < n (rows of
+// dim floats, y may alias x), then, with rope_dim > 0, RoPE on y's rows as rope(y, n, dim,
+// rope_heads, dim / rope_heads, rope_dim, pos, freqs, false) would turn them.
+struct norm_job {
+    const float* x = nullptr;
+    int64_t n = 0, dim = 0;
+    const float* w = nullptr;
+    float eps = 0;
+    float* y = nullptr;
+    bool round_bf16 = true;
+    int rope_heads = 1;
+    int64_t rope_dim = 0;
+    const int64_t* pos = nullptr;
+    const float* freqs = nullptr;
+};
+
 // One row copy of backend::copy_rows.
 struct row_copy {
     const float* src = nullptr;
@@ -205,6 +221,15 @@ class backend {
     // y[r] = w ⊙ x[r] / sqrt(mean(x[r]²) + eps); w may be null (weightless); y may alias x.
     virtual void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                           bool round_bf16) = 0;
+    // Independent RMSNorms (each then RoPE'd when its job says so) as one step, every value as
+    // rms_norm() and rope() give it: q_a's and kv's norms and kv's rotation, one launch on CUDA.
+    virtual void norm_rows(std::span<const norm_job> jobs) {
+        for (const auto& j : jobs) {
+            rms_norm(j.x, j.n, j.dim, j.w, j.eps, j.y, j.round_bf16);
+            if (j.rope_dim > 0)
+                rope(j.y, j.n, j.dim, j.rope_heads, j.dim / j.rope_heads, j.rope_dim, j.pos, j.freqs, false);
+        }
+    }
     virtual void round_bf16(float* x, int64_t count) = 0;
     // x[i] = bf16(x[i] * s).
     virtual void scale_round(float* x, int64_t count, float s) = 0;

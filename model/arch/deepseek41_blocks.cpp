@@ -26,13 +26,18 @@ void compute_mix(const env& e, const float* H, int64_t n, const weight_view& fn,
                   fn_h_ready ? mix.fn_h.data() : nullptr);
 }
 
-// kv = W_kv · x  ->  RoPE(RMSNorm(kv)) (+ the fp8 round trip with act_quant), in place.
-void finish_window_kv(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs, float* kv) {
+// kv = W_kv · x  ->  RoPE(RMSNorm(kv)) (+ the fp8 round trip with act_quant), in place: the norm
+// job of it (the caller's batch may hold other norms).
+norm_job window_kv_norm(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs, float* kv) {
     const auto& hp = e.hp;
-    const int64_t n = rows.n();
-    e.be.rms_norm(kv, n, hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv, true);
-    e.be.rope(kv, n, hp.head_dim, 1, hp.head_dim, hp.rope_dim, rows.pos_dev, freqs, false);
-    act_quant(e, act_quant_kind::fp8_e8m0_32, kv, n * hp.head_dim);
+    return {kv, rows.n(), hp.head_dim, lw.kv_a_norm.data, float(hp.norm_eps), kv, true, 1, hp.rope_dim,
+            rows.pos_dev, freqs};
+}
+
+void finish_window_kv(const env& e, const layer_weights& lw, const rows_info& rows, const float* freqs, float* kv) {
+    const norm_job job = window_kv_norm(e, lw, rows, freqs, kv);
+    e.be.norm_rows({&job, 1});
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv, rows.n() * e.hp.head_dim);
 }
 
 void query_and_kv(const env& e, const layer_weights& lw, const float* x, const rows_info& rows, const float* freqs,
@@ -46,9 +51,12 @@ void query_and_kv(const env& e, const layer_weights& lw, const float* x, const r
                   {lw.kv, x, hp.dim, n, kv, hp.head_dim, true}});
     first.insert(first.end(), extra.begin(), extra.end());
     e.be.matmul_batch(first);
-    e.be.rms_norm(qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true);
+    // q_a's norm beside kv's norm and rotation: one step.
+    const norm_job norms[] = {{qr.data(), n, hp.q_lora_rank, lw.q_a_norm.data, float(hp.norm_eps), qr.data(), true},
+                              window_kv_norm(e, lw, rows, freqs, kv)};
+    e.be.norm_rows(norms);
     act_quant(e, act_quant_kind::fp8_e8m0_32, qr.data(), int64_t(qr.size()));  // input of wq_b and indexer wq_b
-    finish_window_kv(e, lw, rows, freqs, kv);
+    act_quant(e, act_quant_kind::fp8_e8m0_32, kv, n * hp.head_dim);
     second.assign(1, {lw.q_b, qr.data(), hp.q_lora_rank, n, q.data(), hp.q_dim(), true});
     if (qi && !lw.index_q_b.empty()) {
         const int64_t width = int64_t(hp.index_n_heads) * hp.index_head_dim;

@@ -337,6 +337,19 @@ class cuda_backend final : public backend {
     void rms_norm(const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y, bool round) override {
         launch(kernels::rms_norm(stream_, x, n, dim, w, eps, y, round), "rms_norm");
     }
+    void norm_rows(std::span<const norm_job> jobs) override {
+        int64_t rows = 0;
+        for (const auto& j : jobs) {
+            MS_ASSERT(j.n >= 0 && j.dim > 0 && j.x && j.y);
+            MS_ASSERT(j.rope_dim == 0 || (j.rope_dim % 2 == 0 && j.rope_heads > 0 && j.dim % j.rope_heads == 0 &&
+                                          j.rope_dim <= j.dim / j.rope_heads && j.pos && j.freqs));
+            rows += j.n;
+        }
+        if (rows == 0) return;
+        norm_jobs_.assign(jobs.begin(), jobs.end());
+        const norm_job* dev = stage_array(norm_jobs_);
+        launch(kernels::norm_rows(stream_, dev, int(jobs.size()), rows), "norm_rows");
+    }
     void round_bf16(float* x, int64_t count) override { launch(kernels::round_bf16(stream_, x, count), "round_bf16"); }
     void scale_round(float* x, int64_t count, float s) override {
         launch(kernels::scale_round(stream_, x, count, s), "scale_round");
@@ -691,6 +704,7 @@ class cuda_backend final : public backend {
     };
     scratch_buffer scratch_[k_scratch_count];
     std::vector<kernels::mm_job> mm_jobs_;
+    std::vector<norm_job> norm_jobs_;
     std::vector<kernels::mm_job> routed_;
     std::vector<std::vector<const float*>> per_row_;
 };

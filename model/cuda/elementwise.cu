@@ -46,21 +46,50 @@ __global__ void k_add(float* y, const float* x, int64_t count) {
 }
 
 // ---- RoPE: pair i of every head of row r turns by fp32(pos[r]) * freqs[i]. ----
+__device__ __forceinline__ void rope_pair(float* p, int64_t pos, float freq, bool inverse) {
+    // The reference forms the angle in fp32: fp32(pos) * f_i, then fp32 cos/sin.
+    const float theta = __fmul_rn(float(pos), freq);
+    float sn, c;
+    sincosf(theta, &sn, &c);
+    if (inverse) sn = -sn;
+    const float a = p[0], b = p[1];
+    p[0] = numeric::round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+    p[1] = numeric::round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+}
+
 __global__ void k_rope(float* x, int64_t n, int64_t row_stride, int n_heads, int64_t head_dim, int64_t rope_dim,
                        const int64_t* __restrict__ pos, const float* __restrict__ freqs, bool inverse) {
     grid_dependency_prologue();
     const int64_t pairs = rope_dim / 2;
     MS_GRID_LOOP(t, n * n_heads * pairs) {
         const int64_t i = t % pairs, h = (t / pairs) % n_heads, r = t / (pairs * n_heads);
-        // The reference forms the angle in fp32: fp32(pos) * f_i, then fp32 cos/sin.
-        const float theta = __fmul_rn(float(pos[r]), freqs[i]);
-        float sn, c;
-        sincosf(theta, &sn, &c);
-        if (inverse) sn = -sn;
-        float* p = x + r * row_stride + h * head_dim + (head_dim - rope_dim) + 2 * i;
-        const float a = p[0], b = p[1];
-        p[0] = numeric::round_bf16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-        p[1] = numeric::round_bf16(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+        rope_pair(x + r * row_stride + h * head_dim + (head_dim - rope_dim) + 2 * i, pos[r], freqs[i], inverse);
+    }
+}
+
+// ---- norm_rows: each job's rows a warp each, k_rms_norm's arithmetic, then k_rope's on the row ----
+__global__ void k_norm_rows(const norm_job* __restrict__ jobs, int n_jobs) {
+    grid_dependency_prologue();
+    int64_t row = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+    const int lane = threadIdx.x % kWarp;
+    int j = 0;
+    for (; j < n_jobs && row >= jobs[j].n; ++j) row -= jobs[j].n;
+    if (j == n_jobs) return;  // whole warps leave together
+    const norm_job& jb = jobs[j];
+    const float* xr = jb.x + row * jb.dim;
+    float* yr = jb.y + row * jb.dim;
+    const float s = warp_inv_rms(xr, jb.dim, jb.eps, lane);
+    for (int64_t i = lane; i < jb.dim; i += kWarp) {
+        float v = __fmul_rn(xr[i], s);
+        if (jb.w) v = __fmul_rn(v, jb.w[i]);
+        yr[i] = jb.round_bf16 ? numeric::round_bf16(v) : v;
+    }
+    if (jb.rope_dim <= 0) return;
+    __syncwarp();  // the row's values, written by every lane, before any pair turns
+    const int64_t pairs = jb.rope_dim / 2, head_dim = jb.dim / jb.rope_heads;
+    for (int64_t t = lane; t < jb.rope_heads * pairs; t += kWarp) {
+        const int64_t i = t % pairs, h = t / pairs;
+        rope_pair(yr + h * head_dim + (head_dim - jb.rope_dim) + 2 * i, jb.pos[row], jb.freqs[i], false);
     }
 }
 
@@ -253,6 +282,13 @@ cudaError_t rms_norm(cudaStream_t s, const float* x, int64_t n, int64_t dim, con
     constexpr int rows_per_block = kNormWarps;
     return launch_kernel(s, k_rms_norm, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, x, n, dim,
                          w, eps, y, round);
+}
+
+cudaError_t norm_rows(cudaStream_t s, const norm_job* jobs, int n_jobs, int64_t rows) {
+    if (rows == 0) return cudaSuccess;
+    constexpr int rows_per_block = kNormWarps;
+    return launch_kernel(s, k_norm_rows, dim3(grid_for(rows, rows_per_block)), dim3(rows_per_block * kWarp), 0, jobs,
+                         n_jobs);
 }
 
 cudaError_t round_bf16(cudaStream_t s, float* x, int64_t count) {

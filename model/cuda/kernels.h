@@ -81,6 +81,8 @@ cudaError_t sum_rows(cudaStream_t s, const float* const* src, const int64_t* sta
 // ---- element-wise ----
 cudaError_t rms_norm(cudaStream_t s, const float* x, int64_t n, int64_t dim, const float* w, float eps, float* y,
                      bool round);
+// jobs: device memory, `rows` their rows in all.
+cudaError_t norm_rows(cudaStream_t s, const norm_job* jobs, int n_jobs, int64_t rows);
 cudaError_t round_bf16(cudaStream_t s, float* x, int64_t count);
 cudaError_t scale_round(cudaStream_t s, float* x, int64_t count, float scale);
 cudaError_t add(cudaStream_t s, float* y, const float* x, int64_t count);

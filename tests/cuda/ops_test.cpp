@@ -227,6 +227,41 @@ BOOST_AUTO_TEST_CASE(rope_matches_cpu) {
     }
 }
 
+// norm_rows (several norms, one of them then rotated, one launch) gives the bits of rms_norm and
+// rope launched one after the other on the GPU, and the CPU's (the same ops) within rope's bound.
+BOOST_AUTO_TEST_CASE(norm_rows_give_rms_norm_then_rope_bits) {
+    const int64_t n = 5, dq = 256, heads = 2, hd = 128, rope_dim = 32, dk = heads * hd;
+    const auto xq = float_values(size_t(n * dq), 61, 3.0f), xk = float_values(size_t(n * dk), 62, 2.0f);
+    const auto wq = float_values(size_t(dq), 63), wk = float_values(size_t(dk), 64);
+    std::vector<int64_t> pos{0, 7, 300, 70000, 1048575};
+    std::vector<float> freqs(size_t(rope_dim / 2));
+    for (size_t i = 0; i < freqs.size(); ++i) freqs[i] = 1.0f / std::pow(10000.0f, float(2 * i) / float(rope_dim));
+    auto run = [&](backend& be, bool fused) {
+        auto q = put(be, xq), k = put(be, xk), a = put(be, wq), b = put(be, wk), f = put(be, freqs);
+        auto p = put(be, pos);
+        backend_array<float> yq(be, xq.size());
+        if (fused) {
+            const norm_job jobs[] = {{q.data(), n, dq, a.data(), 1e-6f, yq.data(), true},
+                                     {k.data(), n, dk, b.data(), 1e-6f, k.data(), true, int(heads), rope_dim, p.data(),
+                                      f.data()}};
+            be.norm_rows(jobs);
+        } else {
+            be.rms_norm(q.data(), n, dq, a.data(), 1e-6f, yq.data(), true);
+            be.rms_norm(k.data(), n, dk, b.data(), 1e-6f, k.data(), true);
+            be.rope(k.data(), n, dk, int(heads), hd, rope_dim, p.data(), f.data(), false);
+        }
+        auto out = get(be, yq);
+        const auto kv = get(be, k);
+        out.insert(out.end(), kv.begin(), kv.end());
+        return out;
+    };
+    const auto fused = run(gpu(), true);
+    REQUIRE_BITS_EQUAL(fused, run(gpu(), false));
+    const auto want = run(cpu(), true);
+    BOOST_TEST(rel_error(fused, want) <= 2e-3);
+    BOOST_TEST(count_different(fused, want) <= fused.size() / 50, count_different(fused, want) << " values differ");
+}
+
 BOOST_AUTO_TEST_CASE(embedding_rows_give_the_cpu_bits) {
     for (ggml_type type : kTypes) {
         const auto table = make_weights(type, 50, 96, 31);
