@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "storage/system_memory.h"
+
 namespace moestream {
 namespace {
 
@@ -11,6 +13,39 @@ uint64_t row_key(int engram_index, int64_t row) { return uint64_t(engram_index) 
 }  // namespace
 
 engram_stream::~engram_stream() { reader_.reset(); }
+
+status engram_stream::load_resident() {
+    // Each table's values and scales as one read each, into their own 4 KiB-aligned spans.
+    std::vector<io::read_request> reads;
+    uint64_t total = 0;
+    for (const auto& t : tables_)
+        for (const io::read_request* part : {&t.values, &t.scales})
+            total += io::uring_reader::staging_bytes(part->offset, t.rows * part->bytes);
+    auto buf = io::aligned_buffer::allocate(size_t(total));
+    if (!buf) return make_error("engram tables in RAM (" + std::to_string(total >> 20) + " MiB): " + buf.message());
+    resident_ = std::move(*buf);
+    uint64_t at = 0;
+    for (auto& t : tables_)
+        for (int k = 0; k < 2; ++k) {
+            const io::read_request& part = k == 0 ? t.values : t.scales;
+            const uint64_t bytes = t.rows * part.bytes;
+            std::byte* dst = resident_.data() + at;
+            reads.push_back({part.file, part.offset, bytes, dst, uint64_t(reads.size())});
+            (k == 0 ? t.resident_values : t.resident_scales) = io::uring_reader::data_pointer(dst, part.offset);
+            at += io::uring_reader::staging_bytes(part.offset, bytes);
+        }
+    // The reads complete on the reader's thread (on_read with tags 0..): extents_ holds one a read.
+    extents_.assign(reads.size(), extent_state{});
+    in_flight_parts_ = reads.size();
+    reader_->submit(reads);
+    std::unique_lock lock(mu_);
+    arrived_.wait(lock, [&] { return in_flight_parts_ == 0; });
+    for (const auto& x : extents_)
+        if (x.failed) return make_error("engram tables: " + x.error);
+    counters_.disk_reads += reads.size();
+    counters_.resident_bytes = total;
+    return {};
+}
 
 result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model& m, engram_stream_options opts) {
     std::unique_ptr<engram_stream> s(new engram_stream(opts));
@@ -26,8 +61,14 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
         table t;
         t.values = {v->shard, v->file_offset, uint64_t(v->ne[0]), nullptr, 0};
         t.scales = {sc->shard, sc->file_offset, uint64_t(sc->ne[0]), nullptr, 0};
+        t.rows = uint64_t(v->ne[1]);
         s->tables_.push_back(t);
     }
+    uint64_t table_bytes = 0;
+    for (const auto& t : s->tables_) table_bytes += t.rows * (t.values.bytes + t.scales.bytes);
+    const bool resident = table_bytes > 0 && table_bytes <= opts.resident_max_bytes &&
+                          table_bytes <= storage::available_memory_bytes() / 8;
+    if (resident) s->opts_.slots = opts.slots = 1;  // the arena is then never read into
     // One more slot than rows announced: the reserved slot. A window's coalesced reads never take
     // more than its parts would alone (two windows a slot).
     auto arena = io::aligned_buffer::allocate((size_t(opts.slots) + 1) * 2 * kWindow);
@@ -44,6 +85,10 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
     auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) { self->on_read(tag, st); });
     if (!reader) return reader.err();
     s->reader_ = std::move(*reader);
+    if (resident) {
+        if (auto st = s->load_resident(); !st) return st.err();
+        return s;
+    }
     const std::span<std::byte> regions[] = {s->arena_.span()};
     (void)s->reader_->register_buffers(regions);
     return s;
@@ -51,6 +96,7 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
 
 void engram_stream::prefetch(int engram_index, std::span<const int64_t> rows) {
     MS_ASSERT(engram_index >= 0 && size_t(engram_index) < tables_.size());
+    if (resident_.data()) return;  // every row is in RAM
     std::vector<io::read_request> batch;
     {
         std::lock_guard lock(mu_);
@@ -148,6 +194,13 @@ void engram_stream::on_read(uint64_t tag, const status& st) {
 
 result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
     const table& t = tables_[size_t(engram_index)];
+    if (t.resident_values) {
+        MS_ASSERT(row >= 0 && uint64_t(row) < t.rows);
+        std::lock_guard lock(mu_);
+        ++counters_.rows_requested;
+        return dsv41::engram_row{reinterpret_cast<const uint8_t*>(t.resident_values + uint64_t(row) * t.values.bytes),
+                                 reinterpret_cast<const uint8_t*>(t.resident_scales + uint64_t(row) * t.scales.bytes)};
+    }
     std::unique_lock lock(mu_);
     ++counters_.rows_requested;
     const size_t e = size_t(engram_index);

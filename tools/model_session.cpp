@@ -39,13 +39,17 @@ void model_session::print_streaming_stats() const {
                  k.copy_seconds, k.async_copy_seconds, static_cast<unsigned long long>(k.async_promotions));
     if (engram) {
         const auto e = engram->counters();
-        std::fprintf(stderr,
-                     "engram: %llu rows looked up, %llu read from disk (%.2f MB), %llu of them after the forward "
-                     "reached them (%llu arena refills), %llu disk reads (coalesced), %llu waited (%.3f s)\n",
-                     static_cast<unsigned long long>(e.rows_requested), static_cast<unsigned long long>(e.rows_read),
-                     double(e.bytes_read) / 1e6, static_cast<unsigned long long>(e.overflow),
-                     static_cast<unsigned long long>(e.refills), static_cast<unsigned long long>(e.disk_reads),
-                     static_cast<unsigned long long>(e.waits), e.wait_seconds);
+        if (e.resident_bytes)
+            std::fprintf(stderr, "engram: tables in RAM (%.1f MB, read at start-up), %llu rows looked up\n",
+                         double(e.resident_bytes) / 1e6, static_cast<unsigned long long>(e.rows_requested));
+        else
+            std::fprintf(stderr,
+                         "engram: %llu rows looked up, %llu read from disk (%.2f MB), %llu of them after the forward "
+                         "reached them (%llu arena refills), %llu disk reads (coalesced), %llu waited (%.3f s)\n",
+                         static_cast<unsigned long long>(e.rows_requested), static_cast<unsigned long long>(e.rows_read),
+                         double(e.bytes_read) / 1e6, static_cast<unsigned long long>(e.overflow),
+                         static_cast<unsigned long long>(e.refills), static_cast<unsigned long long>(e.disk_reads),
+                         static_cast<unsigned long long>(e.waits), e.wait_seconds);
     }
 }
 

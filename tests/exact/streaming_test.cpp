@@ -158,6 +158,7 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
     for (uint32_t slots : {4096u, 16u}) {
         engram_stream_options o;
         o.slots = slots;
+        o.resident_max_bytes = 0;  // streamed
         auto es = engram_stream::create(*m.files, o);
         if (!es) {
             BOOST_TEST_MESSAGE("skipped: " << es.message());
@@ -179,6 +180,21 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
         BOOST_TEST(c.disk_reads > 0u);
         BOOST_TEST(c.disk_reads < 2 * c.rows_read, c.disk_reads << " reads for " << c.rows_read << " rows");
     }
+}
+
+// Tables within the resident budget are read whole at start-up: the same bits, no row read after.
+BOOST_AUTO_TEST_CASE(engram_tables_in_ram_give_the_same_bits, *needs()) {
+    auto& m = fixture(kFx);
+    const auto reference = run(m, *m.experts, *m.backend);
+    auto es = engram_stream::create(*m.files, {});
+    if (!es) BOOST_FAIL("engram_stream::create: " << es.message());
+    const auto loaded = (*es)->counters();
+    BOOST_TEST(loaded.resident_bytes > 0u);
+    BOOST_TEST(same_bits(run(m, *m.experts, *m.backend, es->get()), reference));
+    const auto c = (*es)->counters();
+    BOOST_TEST(c.rows_requested > 0u);
+    BOOST_TEST(c.disk_reads == loaded.disk_reads);  // nothing read once the tables are in
+    BOOST_TEST(c.rows_read == 0u);
 }
 
 // A failed expert read fails the forward that needs it with an error naming the expert, leaves
