@@ -19,9 +19,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 
+#include "config/result.h"
 #include "model/act_quant.h"
 #include "model/tensor.h"
 
@@ -168,6 +171,47 @@ struct expert_slot_table {
     slot_matrix gate, up, down;        // every expert of the layer has these shapes
 };
 
+// ---- copies beside the ops (issue 15: the device tier's expert uploads) ----
+// One piece of a fill: `bytes` from host memory `src` to backend memory `dst`.
+struct copy_piece {
+    void* dst = nullptr;
+    const void* src = nullptr;
+    size_t bytes = 0;
+};
+
+// Host -> backend copies on queues of their own (CUDA: copy streams), ordered against the
+// backend's ops by events alone, never by a host wait in either direction. The events are made
+// with the stream (indices 0 .. events-1), nothing per copy. Calls are safe from any thread,
+// concurrently with the backend's ops, provided no two calls use the same event at once.
+class copy_stream {
+  public:
+    virtual ~copy_stream() = default;  // waits for every copy and notification issued
+    // Event e marks the ops issued so far by the calling thread, which must be the one issuing
+    // the backend's ops (call it between two ops, outside a recorded step).
+    virtual void mark_ops(int e) = 0;
+    // One fill: the pieces are copied once the ops marked by each event of `after` have
+    // finished; ops issued after this call (by any thread) start once the copies have
+    // finished; then `copied(e)` runs, the first moment the sources may be reused. `e` is this
+    // fill's event until then.
+    virtual void fill(int e, std::span<const int> after, std::span<const copy_piece> pieces) = 0;
+    // What the stream could not have as asked (e.g. a source region it could not page-lock,
+    // so copies from it are staged by the driver: slower, same bytes); empty when nothing.
+    virtual std::string notes() const { return {}; }
+};
+
+// What make_copy_stream() is asked for.
+struct copy_stream_options {
+    int events = 0;
+    int lanes = 2;  // CUDA: copy streams the fills alternate between (small copies overlap)
+    // Host memory the fills copy from, page-locked for DMA while the stream lives (CUDA:
+    // cudaHostRegister); may be empty.
+    std::span<std::byte> source;
+    // Called once per fill when its copies have finished, on a thread of the stream's (CUDA's
+    // callback thread; the calling thread, inside fill(), on the CPU): it must only hand the
+    // event on (post it), never block or call the backend.
+    std::function<void(int e)> copied;
+};
+
 class backend {
   public:
     virtual ~backend() = default;
@@ -201,6 +245,11 @@ class backend {
     // latest, in the order issued; a backend that does not capture ignores both calls.
     virtual void step_begin() {}
     virtual void step_end() {}
+
+    // ---- copy streams ----
+    // A copy stream beside the ops (see copy_stream); an error when its streams or events
+    // cannot be made.
+    virtual result<std::unique_ptr<copy_stream>> make_copy_stream(copy_stream_options opts) = 0;
 
     // ---- matmuls and sums ----
     // y[r] = W x[r] for r < n (x rows of w.cols floats, y rows of w.rows floats; strides in floats).

@@ -39,6 +39,9 @@ class cpu_backend final : public backend {
     void fill(void* dst, uint8_t byte, size_t bytes) override;
     void synchronize() override {}
     bool host_memory() const override { return true; }
+    // Copies made at once by the calling thread (memcpy), so the events are empty: the CPU's ops
+    // are synchronous too (model/cpu_copy_stream.cpp).
+    result<std::unique_ptr<copy_stream>> make_copy_stream(copy_stream_options opts) override;
 
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
                 bool round_bf16) override;

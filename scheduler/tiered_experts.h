@@ -131,6 +131,8 @@ class tiered_experts final : public dsv41::expert_source {
     // Bytes one expert takes in each tier (with its read alignment in the host tier).
     uint64_t device_slot_bytes() const { return device_slot_bytes_; }
     uint64_t host_slot_bytes() const { return host_slot_bytes_; }
+    // The host tier's slots (device_experts page-locks them for DMA while it copies from them).
+    std::span<std::byte> host_region() const { return host_buf_.span(); }
     std::string notes() const { return reader_->notes(); }
 
   private:

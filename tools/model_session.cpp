@@ -37,6 +37,18 @@ void model_session::print_streaming_stats() const {
                  "host->device copies: %.3f s on the compute thread, %.3f s on the copy thread (%llu experts "
                  "promoted ahead of their use)\n",
                  k.copy_seconds, k.async_copy_seconds, static_cast<unsigned long long>(k.async_promotions));
+    if (slots) {
+        const auto d = slots->stats();
+        std::fprintf(stderr,
+                     "device slots: %llu hits, %llu misses, %llu joined, %llu copies (%.1f MB, %.1f us each from issue "
+                     "to completion), %llu blocking waits%s%s\n",
+                     static_cast<unsigned long long>(d.hits), static_cast<unsigned long long>(d.misses),
+                     static_cast<unsigned long long>(d.joined), static_cast<unsigned long long>(d.copies),
+                     double(d.bytes_uploaded) / 1e6,
+                     d.copies_completed ? 1e6 * d.copy_seconds / double(d.copies_completed) : 0.0,
+                     static_cast<unsigned long long>(d.blocking_waits), slots->notes().empty() ? "" : "; ",
+                     slots->notes().c_str());
+    }
     if (engram) {
         const auto e = engram->counters();
         if (e.resident_bytes)
@@ -133,7 +145,9 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
         if (!tiers) return tiers.err();
         s.streamed = std::move(*tiers);
     }
-    auto ex = device_experts::create(*s.compute, m, slots, slots == total, s.streamed.get());
+    device_tier_options d;
+    if (s.streamed) d.pinned_source = s.streamed->host_region();  // uploads straight from the host slots
+    auto ex = device_experts::create(*s.compute, m, slots, slots == total, s.streamed.get(), std::move(d));
     if (!ex) return ex.err();
     s.slots = std::move(*ex);
     return {};

@@ -27,9 +27,11 @@ struct model_session {
     std::unique_ptr<backend> compute;            // runs the model
     cpu_backend* cpu = nullptr;                  // compute, when it is the CPU backend (bench cpu's pool, profile)
     std::unique_ptr<device_weights> device;      // the dense weights in the backend's memory (VRAM; RAM when streaming)
-    std::unique_ptr<device_experts> slots;       // a device backend's expert slots (VRAM)
     std::unique_ptr<resident_experts> experts;   // CPU: everything in the mapping (bench cpu)
     std::unique_ptr<tiered_experts> streamed;    // CPU: device <- host <- disk tiers (the product path)
+    // A device backend's expert slots (VRAM), filled from `streamed` when streaming: declared
+    // after it so that it goes first (its copies in flight hold host slots of it).
+    std::unique_ptr<device_experts> slots;
     std::unique_ptr<engram_stream> engram;       // engram rows read ahead from disk (with streaming)
     std::unique_ptr<dsv41::model> model;
 

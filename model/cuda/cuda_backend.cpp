@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "config/assert.h"
+#include "model/cuda/copy_stream.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/moe_kernels.h"
 #include "model/cuda/step_graph.h"
@@ -199,12 +201,14 @@ class cuda_backend final : public backend {
         stage_begin_ = stage_at_;
         step_recorder::active() = &rec_;
         capturing_ = true;
+        recording_.store(true, std::memory_order_relaxed);
         step_began_ = std::chrono::steady_clock::now();
     }
     void step_end() override {
         if (!capturing_) return;
         step_recorder::active() = nullptr;
         capturing_ = false;
+        recording_.store(false, std::memory_order_relaxed);
         launch_segment();
         check(cudaEventRecord(step_events_[1], stream_), "cudaEventRecord");
         step_timed_ = true;
@@ -230,6 +234,11 @@ class cuda_backend final : public backend {
         graphs_ = on;
     }
     bool host_memory() const override { return false; }
+
+    // ---- copy streams (model/cuda/copy_stream.h) ----
+    result<std::unique_ptr<copy_stream>> make_copy_stream(copy_stream_options opts) override {
+        return cuda::make_copy_stream(stream_, &recording_, std::move(opts));
+    }
 
     // ---- matmuls and sums ----
     void matmul(const weight_view& w, const float* x, int64_t x_stride, int64_t n, float* y, int64_t y_stride,
@@ -664,6 +673,7 @@ class cuda_backend final : public backend {
 
     bool graphs_;
     bool capturing_ = false;  // recording a step
+    std::atomic<bool> recording_{false};  // capturing_, for copy streams' checks from other threads
     bool profiling_ = false;
     std::vector<cudaEvent_t> events_;
     // Around a step's graphs: from before its first part's launch to after its last (read at the
