@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [stream] [pdl] [modes] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [pdl] [modes] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -18,7 +18,7 @@ what=${*:-tests cli kernels decode}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [[ $what == *tests* ]]; then
-  (cd /tmp && timeout 120 "$G/bin/test_cuda" ${TESTS:+--run_test=$TESTS} --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
+  (cd /tmp && timeout 240 "$G/bin/test_cuda" ${TESTS:+--run_test=$TESTS} --log_level=message --report_level=detailed) > "$OUT/test_cuda.log" 2>&1
   summary+=("test_cuda exit $?: $(grep -E 'Test module|failure|error' "$OUT/test_cuda.log" | head -3 | tr '\n' ' ')")
 fi
 # forge needs the tokenizer (the decode and stream sections forge their models).
@@ -65,6 +65,13 @@ if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
     timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
     summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")
   done
+fi
+if [[ $what == *copy* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # Expert uploads from the pinned host tier against the pinned H2D bandwidth, same run.
+  p=${COPY_PRESET:-mini-lite}
+  [[ -f /tmp/$p.gguf ]] || "$BIN" forge --preset $p --out /tmp/$p.gguf --seed 1 > /dev/null 2>&1
+  timeout 200 "$BIN" bench copy --model /tmp/$p.gguf --rounds ${COPY_ROUNDS:-7} > "$OUT/bench_copy_$p.log" 2>&1
+  summary+=("bench copy $p exit $?: $(tail -3 "$OUT/bench_copy_$p.log" | tr '\n' ' ')")
 fi
 if [[ $what == *stream* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
