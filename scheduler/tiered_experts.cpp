@@ -151,7 +151,8 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         if (!d) return make_error("draft tier: " + d.message());
         t->draft_buf_ = std::move(*d);
     }
-    t->tallies_.resize(size_t(layers));
+    t->tallies_ = std::make_unique<atomic_tally[]>(size_t(layers));
+    t->n_tallies_ = size_t(layers);
     auto policy = [&]() { return storage::make_policy(opts.policy); };
     auto hp_pol = policy();
     if (!hp_pol) return hp_pol.err();
@@ -264,10 +265,10 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
     // Needed experts already in the host tier are pinned first, so the reads started below
     // (and device demotions) evict something else.
     // Where each was (the step accounting, spec/expert_union.h), before anything moves.
-    if (size_t(layer) < tallies_.size()) {
-        spec::layer_tally& t = tallies_[size_t(layer)];
-        ++t.needs;
-        t.experts += experts.size();
+    if (size_t(layer) < n_tallies_) {
+        spec::layer_tally t;
+        t.needs = 1;
+        t.experts = experts.size();
         for (int32_t e : experts) {
             const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
             if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) ++t.device;
@@ -275,6 +276,11 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
             else if (st == storage::residency::loading) ++t.in_flight;
             else ++t.missing;
         }
+        atomic_tally& a = tallies_[size_t(layer)];
+        constexpr auto relaxed = std::memory_order_relaxed;
+        a.needs.fetch_add(t.needs, relaxed), a.experts.fetch_add(t.experts, relaxed);
+        a.device.fetch_add(t.device, relaxed), a.host.fetch_add(t.host, relaxed);
+        a.in_flight.fetch_add(t.in_flight, relaxed), a.missing.fetch_add(t.missing, relaxed);
     }
     // The draft's experts in a budget of their own never move to the device tier: their slots
     // are where they are computed from.
@@ -408,7 +414,8 @@ void tiered_experts::finish_read(uint64_t tag, const status& st) {
         const layout& l = layout_of(layer, expert);
         for (const auto& p : l.parts) {
             counters_.disk_bytes += p.where.bytes;
-            if (size_t(layer) < tallies_.size()) tallies_[size_t(layer)].bytes_read += p.where.bytes;
+            if (size_t(layer) < n_tallies_)
+                tallies_[size_t(layer)].bytes_read.fetch_add(p.where.bytes, std::memory_order_relaxed);
         }
     }
     loading_.erase(it);
@@ -744,9 +751,16 @@ tier_counters tiered_experts::counters() const {
 }
 
 bool tiered_experts::layer_tallies(std::span<spec::layer_tally> out) const {
-    run_on_strand([&] {
-        for (size_t L = 0; L < out.size(); ++L) out[L] = L < tallies_.size() ? tallies_[L] : spec::layer_tally{};
-    });
+    constexpr auto relaxed = std::memory_order_relaxed;
+    for (size_t L = 0; L < out.size(); ++L) {
+        spec::layer_tally& t = out[L];
+        t = {};
+        if (L >= n_tallies_) continue;
+        const atomic_tally& a = tallies_[L];
+        t.needs = a.needs.load(relaxed), t.experts = a.experts.load(relaxed), t.device = a.device.load(relaxed);
+        t.host = a.host.load(relaxed), t.in_flight = a.in_flight.load(relaxed), t.missing = a.missing.load(relaxed);
+        t.bytes_read = a.bytes_read.load(relaxed);
+    }
     return true;
 }
 

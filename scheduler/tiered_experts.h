@@ -36,6 +36,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -139,7 +140,7 @@ class tiered_experts final : public dsv41::expert_source {
     tier_counters counters() const;  // a snapshot taken on the strand (blocks briefly)
     // Where each layer's announced experts were, cumulative (layers 0..out.size()-1; the draft
     // stages after the target's), for spec::step_recorder's per-step accounting (a
-    // spec::tally_probe). Blocks briefly, as counters().
+    // spec::tally_probe). Never blocks (see tallies_).
     bool layer_tallies(std::span<spec::layer_tally> out) const;
     enum class tier { device, host, draft };
     // The experts resident in a tier, ascending (tests, reports; blocks briefly).
@@ -261,7 +262,15 @@ class tiered_experts final : public dsv41::expert_source {
 
     // ---- strand-owned ----
     std::unique_ptr<storage::expert_cache> host_, device_, draft_;
-    std::vector<spec::layer_tally> tallies_;  // per layer (target, then draft stages)
+    // Per layer (target, then draft stages): written on the strand only, read by
+    // layer_tallies() from any thread without a round trip to the strand (it runs twice a
+    // decode step). Relaxed atomics: a step's need() handlers all ran before its forward ended
+    // (the forward awaited their answers), so a reader after the forward sees them.
+    struct atomic_tally {
+        std::atomic<uint64_t> needs{0}, experts{0}, device{0}, host{0}, in_flight{0}, missing{0}, bytes_read{0};
+    };
+    std::unique_ptr<atomic_tally[]> tallies_;
+    size_t n_tallies_ = 0;
     std::map<storage::expert_key, load_state> loading_;
     // Read errors not yet reported, with the need() generation of their read: a failure from an
     // older forward (that already failed) is not reported again, its expert is read again.

@@ -8,7 +8,9 @@ namespace moestream::spec {
 namespace {
 
 constexpr double kAverage = 0.2;        // weight of a new step time in its k's average
-constexpr uint64_t kExplore = 16;       // every this many steps, a k other than the best is tried
+constexpr uint64_t kExplore = 16;       // at most every this many steps, a k other than the best is tried
+constexpr double kExploreShare = 0.02;  // of the time, what exploring may cost
+constexpr double kCreditSteps = 8;      // the most credit kept, in steps of the best k
 constexpr double kRecentDecay = 0.97;   // per recorded step, of each k's count of recent measurements
 constexpr double kTrust = 3;            // recent measurements at which a k's own average weighs 1/2
 constexpr double kCostForget = 0.98;    // per step, of the cost model's sums (it follows the machine)
@@ -28,7 +30,12 @@ enum feature { f_base, f_missing, f_resident, f_rows, f_draft };
 
 double draft_policy::acceptance(int position) const {
     if (position < 1 || position > max_k_) return 0.0;
-    return (kept_[size_t(position)] + 1.0) / (tried_[size_t(position)] + 2.0);
+    // The prior of a position is the estimate of the one before it (1/2 for the first), worth
+    // two drafts: positions the chosen k never reaches are not taken for coin flips, which
+    // would keep a policy that found good drafts from ever trying longer blocks.
+    double p = 0.5;
+    for (int i = 1; i <= position; ++i) p = (kept_[size_t(i)] + 2.0 * p) / (tried_[size_t(i)] + 2.0);
+    return p;
 }
 
 double draft_policy::expected_tokens(int k) const {
@@ -196,10 +203,22 @@ int draft_policy::choose(int base_rows, int drafting) {
         const double rate = t > 0 ? expected_tokens(k) / t : expected_tokens(k);
         if (rate > best_rate) best = k, best_rate = rate;
     }
-    // Now and then a neighbour of the best, so that costs and acceptance stay measured.
+    // Now and then a neighbour of the best, so that costs and acceptance stay measured, as
+    // often as a share of the time pays for: each step earns kExploreShare of the best's time,
+    // and a try spends what it is expected to lose (its time less what its tokens take at the
+    // best rate). A neighbour that costs a few steps (a draft head dearer than the target's step)
+    // is then tried rarely, a cheap one every kExplore steps.
+    const double t_best = step_seconds(best);
+    credit_ = std::min(credit_ + kExploreShare * t_best, kCreditSteps * t_best);
     if (step_ % kExplore == 0) {
         const int other = best == max_k_ ? best - 1 : (best == 0 ? 1 : (step_ / kExplore % 2 ? best + 1 : best - 1));
-        return other;
+        const double loss = best_rate > 0 && t_best > 0
+                                ? std::max(0.0, step_seconds(other) - expected_tokens(other) / best_rate)
+                                : 0.0;
+        if (loss <= credit_) {
+            credit_ -= loss;
+            return other;
+        }
     }
     return best;
 }

@@ -1,8 +1,8 @@
 // The draft length of each speculative step, chosen from measured costs (issue 16): k (0
 // included) maximises expected committed tokens per expected second of the step.
 //  - Acceptance: per draft position i, P(draft i accepted | drafts 1..i-1 were), counted over the
-//    verified steps (with forgetting, so it follows the content) with a uniform prior;
-//    E(k) = 1 + sum_i prod_{j<=i} p_j tokens a step.
+//    verified steps (with forgetting, so it follows the content), each position's prior the
+//    estimate of the one before it (1/2 for the first); E(k) = 1 + sum_i prod_{j<=i} p_j.
 //  - Cost: a model learnt online from the recorded steps (spec/expert_union.h):
 //      * the union: distinct experts summed over the layers for T rows, U(T) = a * T^b (capped
 //        at every expert), fitted by least squares in log space over the steps (b = 1, every row
@@ -16,7 +16,8 @@
 //    and the current residency say, not a line through its measured neighbours (which a concave
 //    union and a residency that changed both make wrong). Before the model has seen two row
 //    counts the old estimate stands: linear from the measured neighbours.
-//  - Every 16th step tries a neighbour of the best, so costs and acceptance stay measured.
+//  - At most every 16th step tries a neighbour of the best, so costs and acceptance stay
+//    measured, and only as often as 2% of the time pays for its expected loss.
 // With low acceptance, or rows that cost as much as a step each (a disk-bound machine), the
 // choice converges to k = 0: plain decoding. Deterministic given its inputs.
 #pragma once
@@ -99,6 +100,7 @@ class draft_policy {
     std::array<uint64_t, kMaxK + 1> steps_{};
     std::array<double, kMaxK + 1> recent_{};             // per k: measurements, decayed per step
     uint64_t step_ = 0;
+    double credit_ = 0;  // seconds exploration may still lose
     int base_rows_ = 1, drafting_ = 1;  // the shape of the step being chosen
     // Union model, log space (x = ln rows, y = ln experts), decayed sums.
     double uw_ = 0, ux_ = 0, uy_ = 0, uxx_ = 0, uxy_ = 0;

@@ -66,13 +66,15 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
     if (!o.recorder) own_recorder.emplace(target.hp().n_layers);
     step_recorder& recorder = o.recorder ? *o.recorder : *own_recorder;
     std::array<int64_t, draft_policy::kMaxK + 1> kept_rows{};
+    // A step's time runs from the previous step's record to its own: everything a step costs
+    // (drafting, the forward, the walk, the rollback, the bookkeeping) is in it.
+    auto step_start = std::chrono::steady_clock::now();
     for (;;) {
         // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
         // the sequence has room for.
         const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->choose()) : o.k;
         const int want = draft_room(k, n - emitted, seq.capacity() - seq.size() - 1);
         recorder.begin();
-        const auto t0 = std::chrono::steady_clock::now();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
         rows.assign(1, last);
@@ -80,7 +82,6 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         const int64_t before = seq.size();
         dsv41::forward_item item{&seq, rows, true};
         if (auto f = target.forward({&item, 1}, logits); !f) return f.err();
-        const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++st.target_steps;
         st.drafted += int64_t(draft.size());
         const size_t kd = std::min<size_t>(draft.size(), draft_policy::kMaxK);
@@ -95,6 +96,9 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         auto v = verify_rows(draft, choose, emit);
         if (!v) return v.err();
         st.accepted += v->kept;
+        const auto now = std::chrono::steady_clock::now();
+        const double step_s = std::chrono::duration<double>(now - step_start).count();
+        step_start = now;
         const union_record& rec = recorder.end(target, int(draft.size()), int(v->kept), int(rows.size()), step_s);
         if (o.policy) {
             o.policy->record_drafts(int(draft.size()), int(v->kept));

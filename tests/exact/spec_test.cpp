@@ -300,6 +300,36 @@ BOOST_AUTO_TEST_CASE(draft_policy_with_the_union_model_converges) {
         BOOST_TEST(most_chosen(simulate_union(pol, m, 400, 4)) == 0);
     }
     {
+        // A draft head dearer than four target steps that drafts nothing the target accepts:
+        // plain decoding, and exploration only as often as 2% of the time pays for it, so the
+        // policy's decoding takes at most 3% more time than plain decoding's.
+        union_machine m{0.0};
+        m.share = 0.0, m.draft = 4.0;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        std::mt19937 rng(6);
+        double spent = 0, plain = 0;
+        int drafted_steps = 0;
+        for (int s = 0; s < 2000; ++s) {
+            const int k = pol.choose();
+            pol.record_drafts(k, 0);
+            pol.record_step(m.sample(k, 0.0));
+            if (s >= 200) spent += m.seconds(k, 0.0), plain += m.seconds(0, 0.0), drafted_steps += k > 0;
+        }
+        BOOST_TEST(spent <= 1.03 * plain, "drafted in " << drafted_steps << " of 1800 steps");
+        BOOST_TEST(drafted_steps > 0);  // still tried now and then
+    }
+    {
+        // Acceptance of positions never reached is the estimate of the one before, not 1/2: a
+        // policy that found good drafts at k 2 sees the longer blocks' worth.
+        spec::draft_policy pol;
+        for (int s = 0; s < 50; ++s) pol.record_drafts(2, 2);
+        BOOST_TEST(pol.acceptance(2) > 0.9);
+        BOOST_TEST(pol.acceptance(5) > 0.9);
+        BOOST_TEST(pol.expected_tokens(5) > 5.0);
+        for (int s = 0; s < 50; ++s) pol.record_drafts(2, 0);
+        BOOST_TEST(pol.acceptance(1) < 0.6);  // forgetting: the content changed
+    }
+    {
         union_machine m{0.7};
         m.share = 0.1;
         spec::draft_policy a(5, {240, 240 * 64}), b(5, {240, 240 * 64});
