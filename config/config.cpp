@@ -15,6 +15,8 @@ constexpr cli::option_spec kConfigOptions[] = {
     {"device-cache", "GiB", "device expert cache budget (VRAM, or RAM on the CPU backend)"},
     {"host-cache", "GiB", "host expert cache budget, or auto (default: --host-cache-share of the available memory)"},
     {"host-cache-share", "F", "share of the available memory an auto host cache takes (default 0.75)"},
+    {"draft-cache", "GiB", "the DSpark draft's own expert slots: GiB, all (default: every draft expert) or 0 (share the "
+                           "target's tiers)"},
     {"io-depth", "N", "io_uring reads in flight at most"},
     {"io-chunk", "KiB", "expert read chunk size"},
     {"io-mode", "MODE", "coroutine (default) or remap-sync (the published port's design, for comparison)"},
@@ -96,7 +98,18 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
                     if (c.cache.host_cache_gib < 0) return make_error(where + " must be a number of GiB or \"auto\"");
                 }
             } else if (key == "host_cache_share") MS_TRY(read_number(v, where, c.cache.host_cache_share));
-            else return make_error(where + " is not a known field (device_cache_gib, host_cache_gib, host_cache_share)");
+            else if (key == "draft_cache_gib") {
+                std::string_view text;
+                if (v.get(text) == simdjson::SUCCESS) {
+                    if (text != "all") return make_error(where + " must be a number of GiB or \"all\"");
+                    c.cache.draft_cache_gib = cache_settings::k_all;
+                } else {
+                    MS_TRY(read_number(v, where, c.cache.draft_cache_gib));
+                    if (c.cache.draft_cache_gib < 0) return make_error(where + " must be a number of GiB or \"all\"");
+                }
+            } else
+                return make_error(where + " is not a known field (device_cache_gib, host_cache_gib, host_cache_share, "
+                                          "draft_cache_gib)");
         } else if (section == "io") {
             if (key == "depth") MS_TRY(read_int(v, where, c.io.depth));
             else if (key == "chunk_kib") MS_TRY(read_int(v, where, c.io.chunk_kib));
@@ -235,6 +248,9 @@ status validate(const moestream_config& c) {
         return bad("cache.host_cache_gib (--host-cache)", "must be auto or between 0 and 65536 GiB");
     if (!(c.cache.host_cache_share > 0 && c.cache.host_cache_share <= 1))
         return bad("cache.host_cache_share (--host-cache-share)", "must be above 0 and at most 1");
+    if (!(c.cache.draft_cache_gib == cache_settings::k_all ||
+          (c.cache.draft_cache_gib >= 0 && c.cache.draft_cache_gib <= 65536)))
+        return bad("cache.draft_cache_gib (--draft-cache)", "must be all or between 0 and 65536 GiB");
     if (c.io.depth < 1 || c.io.depth > 4096) return bad("io.depth (--io-depth)", "must be between 1 and 4096");
     if (c.io.chunk_kib < 4 || c.io.chunk_kib > 65536 || c.io.chunk_kib % 4 != 0)
         return bad("io.chunk_kib (--io-chunk)", "must be a multiple of 4 between 4 and 65536 KiB (O_DIRECT alignment)");
@@ -289,6 +305,11 @@ result<moestream_config> load_config(const cli::args& a) {
         if (c.cache.host_cache_gib < 0) return make_error("--host-cache must be a number of GiB or auto, got '" + *h + "'");
     }
     MS_TRY(set_from_flag(a, "host-cache-share", c.cache.host_cache_share));
+    if (auto d = a.get("draft-cache"); d && *d == "all") c.cache.draft_cache_gib = cache_settings::k_all;
+    else if (d) {
+        MS_TRY(set_from_flag(a, "draft-cache", c.cache.draft_cache_gib));
+        if (c.cache.draft_cache_gib < 0) return make_error("--draft-cache must be a number of GiB or all, got '" + *d + "'");
+    }
     MS_TRY(set_from_flag(a, "io-depth", c.io.depth));
     MS_TRY(set_from_flag(a, "io-chunk", c.io.chunk_kib));
     if (auto m = a.get("io-mode")) {
@@ -336,7 +357,10 @@ std::string to_json(const moestream_config& c) {
       << ", \"host_cache_gib\": ";
     if (c.cache.host_cache_gib == cache_settings::k_auto) o << "\"auto\"";
     else o << c.cache.host_cache_gib;
-    o << ", \"host_cache_share\": " << c.cache.host_cache_share << "},\n"
+    o << ", \"host_cache_share\": " << c.cache.host_cache_share << ", \"draft_cache_gib\": ";
+    if (c.cache.draft_cache_gib == cache_settings::k_all) o << "\"all\"";
+    else o << c.cache.draft_cache_gib;
+    o << "},\n"
       << "  \"io\": {\"depth\": " << c.io.depth << ", \"chunk_kib\": " << c.io.chunk_kib
       << ", \"mode\": \"" << io_mode_name(c.io.mode) << "\"},\n"
       << "  \"runtime\": {\"threads\": " << c.runtime.threads << ", \"context_tokens\": " << c.runtime.context_tokens

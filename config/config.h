@@ -32,6 +32,11 @@ struct cache_settings {
     // tier. The share leaves a quarter to the sequence states, the other processes and the OS.
     double host_cache_gib = k_auto;
     double host_cache_share = 0.75;
+    // The DSpark draft's experts in slots of their own (--draft-cache), so drafting never evicts
+    // the target's hot experts: GiB, "all" (the default: every draft expert stays resident once
+    // read) or 0 (the draft shares the target's tiers).
+    static constexpr double k_all = -1;  // draft_cache_gib: "all"
+    double draft_cache_gib = k_all;
 };
 
 // The host tier's bytes for `c`: host_cache_gib, or for "auto" host_cache_share of

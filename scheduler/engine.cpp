@@ -233,15 +233,20 @@ asio::awaitable<void> engine::step_loop() {
         const auto step_start = steady::now();
         bool any_prompt = false;
         std::vector<active*> drafting;
+        int decoding_rows = 0;
         for (auto& a : running_) {
             if (!a->scheduled) a->scheduled = step_start;
             const bool decoding = a->prompt_done == int64_t(a->req.prompt.size());
             any_prompt |= !decoding;
             if (!decoding) continue;
             a->rows.assign(1, a->next);
+            ++decoding_rows;
             if (a->drafter) drafting.push_back(a.get());
         }
-        const int step_k = drafting.empty() ? 0 : spec_->choose();
+        // The policy times (and records the union of) steps that are all decoding.
+        const bool timed = !drafting.empty() && !any_prompt;
+        if (timed) spec_->begin_step();
+        const int step_k = drafting.empty() ? 0 : spec_->choose(decoding_rows, int(drafting.size()));
         double draft_s = 0;
         if (step_k > 0) {
             const auto draft_start = steady::now();
@@ -340,7 +345,19 @@ asio::awaitable<void> engine::step_loop() {
         }
         // The policy learns the step's cost when the step was all decoding (prompt rows cost
         // what the prompt costs), drafting included.
-        if (!drafting.empty() && !any_prompt && st) spec_->record_step(most_drafted, seconds(forward_end - step_start));
+        if (timed && st) {
+            int drafted_sequences = 0;
+            for (const auto& a : running_) drafted_sequences += a->rows.size() > 1 ? 1 : 0;
+            const auto& r =
+                spec_->end_step(most_drafted, int(batch_row.back()), drafted_sequences, seconds(forward_end - step_start));
+            if (r.residency_known) {
+                const size_t kind = most_drafted > 0 ? engine_stats::verify_step : engine_stats::decode_step;
+                std::lock_guard lock(stats_mu_);
+                stats_.step_not_resident[kind] += uint64_t(r.not_resident());
+                stats_.step_bytes_read[kind] += r.bytes_read;
+                ++stats_.step_residency_steps[kind];
+            }
+        }
         std::vector<std::unique_ptr<active>> still_running;
         for (size_t i = 0; i < running_.size(); ++i) {  // rows first_row[i].. of the logits are running_[i]'s
             active& a = *running_[i];
@@ -385,6 +402,7 @@ asio::awaitable<void> engine::step_loop() {
             }
         }
         running_ = std::move(still_running);
+        spec_->send_hints();  // the kept rows' routing, for the next step's first layers
         split.total_s = seconds(steady::now() - step_start);
         split.scheduler_s = std::max(0.0, split.total_s - seconds(forward_end - forward_start) - draft_s);
         {

@@ -176,6 +176,10 @@ struct engine_stats {
     // kind: steps with prompt rows, steps verifying drafts, other decode steps.
     enum step_kind { prefill_step, verify_step, decode_step };
     std::array<uint64_t, 3> step_experts{}, step_experts_steps{};
+    // Of the speculating engine's all-decoding steps whose experts the tiers saw (the policy's
+    // records, spec/expert_union.h): experts not resident when announced, and bytes read from
+    // disk during the step, summed over those steps (counted too), by kind as above.
+    std::array<uint64_t, 3> step_not_resident{}, step_bytes_read{}, step_residency_steps{};
 };
 
 class event_outbox;

@@ -111,6 +111,7 @@ std::string engine::sample_rows(active& a, const std::vector<float>& logits, siz
             ++stats_.spec_accepted_by_position[size_t(p)];
     }
     spec_->record_drafts(int(drafts), int(kept));
+    if (v && v->next >= 0 && reason.empty()) spec_->note_kept_rows(batch_row, kept + 1);
     // The rows after the kept drafts are forgotten now, so the state is consistent between steps
     // (a later prompt may start from it).
     if (auto k = spec::keep_rows(model_, *a.seq, before, drafts + 1, kept, batch_row); !k)

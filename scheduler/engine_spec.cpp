@@ -31,6 +31,27 @@ std::unique_ptr<spec::drafter> engine_speculation::drafter_for(const std::vector
     return std::make_unique<spec::ngram_drafter>();
 }
 
-int engine_speculation::choose() { return o_.adaptive ? std::min(o_.k, policy_.choose()) : o_.k; }
+int engine_speculation::choose(int decoding, int drafting) {
+    return o_.adaptive ? std::min(o_.k, policy_.choose(decoding, drafting)) : o_.k;
+}
+
+const spec::union_record& engine_speculation::end_step(int most_drafted, int rows, int drafting, double seconds) {
+    // Accepted drafts are counted per sequence (record_drafts), after sampling.
+    const spec::union_record& r = recorder_.end(m_, most_drafted, 0, rows, seconds);
+    policy_.record_step(spec::sample_of(r, drafting));
+    return r;
+}
+
+void engine_speculation::note_kept_rows(int64_t first_batch_row, int64_t rows) {
+    // At most what the model keeps picks of (model::hint_next_forward refuses more): the rest
+    // of a large batch goes without.
+    for (int64_t r = 0; r < rows && kept_rows_.size() < kept_rows_.capacity(); ++r)
+        kept_rows_.push_back(first_batch_row + r);
+}
+
+void engine_speculation::send_hints() {
+    if (!kept_rows_.empty()) (void)m_.hint_next_forward(kept_rows_);
+    kept_rows_.clear();
+}
 
 }  // namespace moestream

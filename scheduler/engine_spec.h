@@ -13,7 +13,9 @@
 //    n-gram drafter has nothing to say on text that does not repeat, and then adds no row), a
 //    request caps its own (speculative.n_max, 0: none), and every sequence stays within the
 //    tokens it may still emit and its room.
-// Steps with prompt rows are not timed for the policy (their cost is the prompt's).
+// Steps with prompt rows are not timed for the policy (their cost is the prompt's). Each timed
+// step is recorded with its union and where its experts were (spec/expert_union.h), which the
+// policy's cost model learns from, with the rows of the batch (the shape it chooses k for).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@
 #include "model/arch/deepseek41.h"
 #include "spec/draft_policy.h"
 #include "spec/drafter.h"
+#include "spec/expert_union.h"
 
 namespace moestream {
 
@@ -39,6 +42,11 @@ struct speculation_options {
     // recorded continuation, spec/oracle_drafter.h); it may return null (no speculation).
     std::function<std::unique_ptr<spec::drafter>(const std::vector<int32_t>& prompt, const dsv41::sequence_state&)>
         make_drafter;
+    // Where the step's experts were when announced (the streaming tiers: tiered_experts::
+    // layer_tallies); empty: taken as resident. Called on the engine's strand around each timed
+    // step; the tiers' answer blocks briefly, which is safe while their strand runs on a thread
+    // of its own (docs/streaming.md); on a shared executor it must become asynchronous.
+    spec::tally_probe tallies;
 };
 
 // Errors: an unknown drafter, k outside 0..5, dspark on a model without a draft head. The
@@ -48,7 +56,10 @@ status validate(const speculation_options& o, const dsv41::model& m);
 class engine_speculation {
   public:
     // `o` has passed validate() for `m`.
-    engine_speculation(dsv41::model& m, speculation_options o) : m_(m), o_(std::move(o)), policy_(o_.k) {}
+    engine_speculation(dsv41::model& m, speculation_options o)
+        : m_(m), o_(std::move(o)), policy_(o_.k, spec::shape_of(m.hp())), recorder_(m.hp().n_layers, o_.tallies) {
+        kept_rows_.reserve(64);  // model::hint_next_forward's bound
+    }
 
     bool on() const { return o_.k > 0 && (o_.make_drafter || (!o_.drafter.empty() && o_.drafter != "none")); }
     const speculation_options& options() const { return o_; }
@@ -59,17 +70,28 @@ class engine_speculation {
     // drafts); null when off.
     std::unique_ptr<spec::drafter> drafter_for(const std::vector<int32_t>& prompt, const dsv41::sequence_state& seq) const;
 
-    // The draft length of the next step with at least one speculating decoding sequence.
-    int choose();
-    // Verified: one sequence's drafts; the step (no prompt rows in it) that took `seconds` and in
-    // which the longest draft had `most_drafted` tokens.
+    // The draft length of the next step with at least one speculating decoding sequence:
+    // `decoding` sequences feed a row each, `drafting` of them may add k drafts.
+    int choose(int decoding, int drafting);
+    // Verified: one sequence's drafts.
     void record_drafts(int drafted, int accepted) { policy_.record_drafts(drafted, accepted); }
-    void record_step(int most_drafted, double seconds) { policy_.record_step(most_drafted, seconds); }
+    // Around a step without prompt rows: begin before its drafts, end after its forward (`rows`
+    // fed, the longest draft `most_drafted`, `drafting` sequences drafted, `seconds` in all).
+    void begin_step() { recorder_.begin(); }
+    const spec::union_record& end_step(int most_drafted, int rows, int drafting, double seconds);
+    const spec::step_recorder& recorder() const { return recorder_; }
+    // The accepted draft's routing as the next step's hint: each verifying sequence's kept rows
+    // (batch rows) are noted while its rows are walked; send_hints() hands them to the model
+    // (model::hint_next_forward) once the step's walks are done.
+    void note_kept_rows(int64_t first_batch_row, int64_t rows);
+    void send_hints();
 
   private:
     dsv41::model& m_;
     speculation_options o_;
     spec::draft_policy policy_;
+    spec::step_recorder recorder_;
+    std::vector<int64_t> kept_rows_;  // this step's, for send_hints()
 };
 
 }  // namespace moestream

@@ -125,6 +125,18 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         return make_error("--device-cache is too small: one expert needs " + mib(t->device_slot_bytes_) +
                           " (use 0 to compute from the host tier)");
     t->max_held_ = t->device_slots_ > 0 ? t->device_slots_ : t->host_slots_;
+    // The draft's experts in slots of their own (so drafting never evicts the target's), host
+    // memory laid out as the host tier's (reads land in place); kDraftAll: every one of them.
+    t->n_layers_ = hp.n_layers;
+    if (m.draft_file && opts.draft_bytes > 0) {
+        const uint64_t draft_experts = uint64_t(hp.n_mtp) * uint64_t(hp.dspark_n_experts);
+        t->draft_slots_ = uint32_t(opts.draft_bytes == tier_options::kDraftAll
+                                       ? draft_experts
+                                       : std::min<uint64_t>(opts.draft_bytes / t->host_slot_bytes_, draft_experts));
+        if (t->draft_slots_ == 0)
+            return make_error("--draft-cache is too small: one draft expert needs " + mib(t->host_slot_bytes_) +
+                              " (use 0 to share the target's tiers, or all)");
+    }
 
     auto host = io::aligned_buffer::allocate(size_t(t->host_slots_) * t->host_slot_bytes_, {opts.lock_host, true});
     if (!host) return make_error("host tier: " + host.message());
@@ -134,6 +146,13 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         if (!dev) return make_error("device tier: " + dev.message());
         t->device_buf_ = std::move(*dev);
     }
+    if (t->draft_slots_ > 0) {
+        auto d = io::aligned_buffer::allocate(size_t(t->draft_slots_) * t->host_slot_bytes_, {opts.lock_host, true});
+        if (!d) return make_error("draft tier: " + d.message());
+        t->draft_buf_ = std::move(*d);
+    }
+    t->tallies_ = std::make_unique<atomic_tally[]>(size_t(layers));
+    t->n_tallies_ = size_t(layers);
     auto policy = [&]() { return storage::make_policy(opts.policy); };
     auto hp_pol = policy();
     if (!hp_pol) return hp_pol.err();
@@ -142,6 +161,11 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
         auto dp = policy();
         if (!dp) return dp.err();
         t->device_ = std::make_unique<storage::expert_cache>(t->device_slots_, std::move(*dp));
+    }
+    if (t->draft_slots_ > 0) {
+        auto dp = policy();
+        if (!dp) return dp.err();
+        t->draft_ = std::make_unique<storage::expert_cache>(t->draft_slots_, std::move(*dp));
     }
     tiered_experts* self = t.get();
     // The reaper only posts: the completion is the strand's (docs/streaming.md: why not the eventfd).
@@ -155,7 +179,8 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
     });
     if (!reader) return reader.err();
     t->reader_ = std::move(*reader);
-    const std::span<std::byte> regions[] = {t->host_buf_.span()};
+    std::vector<std::span<std::byte>> regions{t->host_buf_.span()};
+    if (t->draft_slots_ > 0) regions.push_back(t->draft_buf_.span());
     (void)t->reader_->register_buffers(regions);  // plain reads when refused: slower, same bytes
     if (opts.remap_sync) {
         for (const auto& p : paths) {
@@ -182,7 +207,7 @@ dsv41::expert_weights tiered_experts::views(const layout& l, const std::byte* ba
 
 bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& batch) {
     if (stopping_) return false;
-    auto grant = host_->begin_load(key);
+    auto grant = home(key).begin_load(key);
     if (!grant) return false;  // every host slot pinned or loading: later
     if (grant->evicted) hint_started_.erase(*grant->evicted);  // a prediction evicted unused: wasted
     const int layer = int(storage::key_layer(key));
@@ -191,7 +216,7 @@ bool tiered_experts::start_read(expert_key key, std::vector<io::read_request>& b
     loading_[key] = load_state{3, false, {}, generation_};
     for (int p = 0; p < 3; ++p) {
         io::read_request r = l.parts[p].where;
-        r.dst = host_slot(grant->slot) + host_part_[p];
+        r.dst = home_slot(key, grant->slot) + host_part_[p];
         r.tag = make_tag(layer, expert, p);
         batch.push_back(r);
     }
@@ -231,7 +256,7 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
         it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
     // Pins of the previous need() that no take took over (a forward that stopped early).
     for (expert_key k : need_pins_)
-        if (host_->pins(k) > 0) host_->unpin(k);
+        if (home(k).pins(k) > 0) home(k).unpin(k);
     need_pins_.clear();
     for (expert_key k : device_need_pins_)
         if (device_->pins(k) > 0) device_->unpin(k);
@@ -239,22 +264,43 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
     promoted_ahead_.clear();
     // Needed experts already in the host tier are pinned first, so the reads started below
     // (and device demotions) evict something else.
+    // Where each was (the step accounting, spec/expert_union.h), before anything moves.
+    if (size_t(layer) < n_tallies_) {
+        spec::layer_tally t;
+        t.needs = 1;
+        t.experts = experts.size();
+        for (int32_t e : experts) {
+            const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
+            if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) ++t.device;
+            else if (const auto st = home(key).lookup(key).state; st == storage::residency::resident) ++t.host;
+            else if (st == storage::residency::loading) ++t.in_flight;
+            else ++t.missing;
+        }
+        atomic_tally& a = tallies_[size_t(layer)];
+        constexpr auto relaxed = std::memory_order_relaxed;
+        a.needs.fetch_add(t.needs, relaxed), a.experts.fetch_add(t.experts, relaxed);
+        a.device.fetch_add(t.device, relaxed), a.host.fetch_add(t.host, relaxed);
+        a.in_flight.fetch_add(t.in_flight, relaxed), a.missing.fetch_add(t.missing, relaxed);
+    }
+    // The draft's experts in a budget of their own never move to the device tier: their slots
+    // are where they are computed from.
     std::vector<expert_key> promote;
     for (int32_t e : experts) {
         const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
-        if (host_->lookup(key).state != storage::residency::absent) {
-            host_->pin(key);
+        storage::expert_cache& c = home(key);
+        if (c.lookup(key).state != storage::residency::absent) {
+            c.pin(key);
             need_pins_.push_back(key);
-            if (host_->lookup(key).state == storage::residency::resident) promote.push_back(key);
+            if (c.lookup(key).state == storage::residency::resident && !draft_key(key)) promote.push_back(key);
         }
     }
     std::vector<io::read_request> batch;
     for (int32_t e : experts) {
         const expert_key key = make_expert_key(uint32_t(layer), uint32_t(e));
-        if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
-        if (host_->lookup(key).state != storage::residency::absent) continue;  // resident or joined
+        if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) continue;
+        if (home(key).lookup(key).state != storage::residency::absent) continue;  // resident or joined
         if (!start_read(key, batch)) break;  // the rest are read on demand, as slots free
-        host_->pin(key);
+        home(key).pin(key);
         need_pins_.push_back(key);
     }
     // Promotions ahead of demand: the copy worker moves host hits up while the reads go out.
@@ -303,15 +349,16 @@ void tiered_experts::submit_hints() {
     if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
     std::vector<io::read_request> batch;
     for (expert_key key : hinted_) {
-        if (device_ && device_->lookup(key).state != storage::residency::absent) continue;
-        if (host_->lookup(key).state != storage::residency::absent) continue;
+        if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) continue;
+        storage::expert_cache& c = home(key);
+        if (c.lookup(key).state != storage::residency::absent) continue;
         // A prediction may take a free slot or evict anything but an expert of the layer being
         // computed (it may still be demanded) or another predicted one. (With layers visited
         // in a cycle, LRU's victim is usually an old expert of the predicted layer itself.)
-        if (host_->resident_count() + host_->loading_count() == host_->slot_count()) {
-            const auto victim = host_->policy().victim();
+        if (c.resident_count() + c.loading_count() == c.slot_count()) {
+            const auto victim = c.policy().victim();
             if (!victim) break;
-            const auto vk = host_->key_in(*victim);
+            const auto vk = c.key_in(*victim);
             if (!vk || storage::key_layer(*vk) + 1 == storage::key_layer(key) ||
                 std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
                 break;
@@ -357,7 +404,7 @@ void tiered_experts::finish_read(uint64_t tag, const status& st) {
         ls.error = "injected read error";
     }
     if (--ls.parts_left > 0) return;
-    host_->finish_load(key, !ls.failed);
+    home(key).finish_load(key, !ls.failed);
     const bool failed = ls.failed;
     if (failed) {
         ++counters_.read_errors;
@@ -365,10 +412,14 @@ void tiered_experts::finish_read(uint64_t tag, const status& st) {
     } else {
         ++counters_.disk_reads;
         const layout& l = layout_of(layer, expert);
-        for (const auto& p : l.parts) counters_.disk_bytes += p.where.bytes;
+        for (const auto& p : l.parts) {
+            counters_.disk_bytes += p.where.bytes;
+            if (size_t(layer) < n_tallies_)
+                tallies_[size_t(layer)].bytes_read.fetch_add(p.where.bytes, std::memory_order_relaxed);
+        }
     }
     loading_.erase(it);
-    if (!failed && device_ && !opts_.remap_sync &&
+    if (!failed && device_ && !opts_.remap_sync && !draft_key(key) &&
         std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end())
         start_promotion(key, false);
     serve_waiters();
@@ -525,9 +576,19 @@ std::optional<dsv41::expert_weights> tiered_experts::take_if_resident(expert_key
             return views(l, device_slot(d.slot), false);
         }
     }
-    const auto h = host_->lookup(key);
+    storage::expert_cache& c = home(key);
+    const auto h = c.lookup(key);
     if (h.state != storage::residency::resident) return std::nullopt;
-    host_->touch(key, step_);
+    c.touch(key, step_);
+    if (draft_key(key)) {  // computed from the draft's own slots
+        if (auto it = std::find(need_pins_.begin(), need_pins_.end(), key); it != need_pins_.end())
+            need_pins_.erase(it);
+        else
+            c.pin(key);
+        ++counters_.host_hits;  // host memory, as the host tier's
+        ++counters_.draft_hits;
+        return views(l, draft_slot(h.slot), true);
+    }
     if (device_ && !opts_.remap_sync) {  // the copy worker moves it up; its completion serves us
         start_promotion(key, true);
         return std::nullopt;
@@ -628,13 +689,14 @@ bool tiered_experts::try_serve(waiter& w) {
                 out.emplace_back(expert, *got);
                 continue;
             }
-            const auto state = host_->lookup(key).state;
+            const auto state = home(key).lookup(key).state;
             if (state == storage::residency::loading) {
                 if (joined_.insert(key).second) ++counters_.joins;  // once per expert and layer
                 continue;
             }
             if (state != storage::residency::absent) continue;  // resident, waiting for a device slot
-            if (device_ && device_->lookup(key).state != storage::residency::absent) continue;  // being promoted
+            if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent)
+                continue;  // being promoted
             if (auto f = failed_.find(key); f != failed_.end() && f->second.first == generation_) {
                 std::string msg = f->second.second;
                 failed_.erase(f);
@@ -648,7 +710,7 @@ bool tiered_experts::try_serve(waiter& w) {
             // Pinned like need()'s reads, so nothing evicts it before it is taken. When no host slot
             // is free it is retried after the next change.
             if (start_read(key, batch)) {
-                host_->pin(key);
+                home(key).pin(key);
                 need_pins_.push_back(key);
             }
         }
@@ -668,7 +730,8 @@ bool tiered_experts::try_serve(waiter& w) {
 
 void tiered_experts::release_pin(int layer, int32_t expert) {
     const expert_key key = make_expert_key(uint32_t(layer), uint32_t(expert));
-    if (device_) device_->unpin(key);
+    if (draft_key(key)) draft_->unpin(key);
+    else if (device_) device_->unpin(key);
     else host_->unpin(key);
 }
 
@@ -685,6 +748,42 @@ tier_counters tiered_experts::counters() const {
     tier_counters c;
     run_on_strand([&] { c = counters_; });
     return c;
+}
+
+bool tiered_experts::layer_tallies(std::span<spec::layer_tally> out) const {
+    constexpr auto relaxed = std::memory_order_relaxed;
+    for (size_t L = 0; L < out.size(); ++L) {
+        spec::layer_tally& t = out[L];
+        t = {};
+        if (L >= n_tallies_) continue;
+        const atomic_tally& a = tallies_[L];
+        t.needs = a.needs.load(relaxed), t.experts = a.experts.load(relaxed), t.device = a.device.load(relaxed);
+        t.host = a.host.load(relaxed), t.in_flight = a.in_flight.load(relaxed), t.missing = a.missing.load(relaxed);
+        t.bytes_read = a.bytes_read.load(relaxed);
+    }
+    return true;
+}
+
+std::vector<storage::expert_key> tiered_experts::resident_keys(tier which) const {
+    std::vector<storage::expert_key> keys;
+    run_on_strand([&] {
+        const storage::expert_cache* c = which == tier::device ? device_.get() : which == tier::host ? host_.get() : draft_.get();
+        if (c) keys = c->resident_keys();
+    });
+    return keys;
+}
+
+void tiered_experts::forget_resident() {
+    run_on_strand([this] {
+        MS_ASSERT_MSG(waiters_.empty(), "forget_resident() while a forward awaits its experts");
+        for (storage::expert_cache* c : {device_.get(), host_.get(), draft_.get()}) {
+            if (!c) continue;
+            for (expert_key k : c->resident_keys())
+                if (c->pins(k) == 0) (void)c->erase(k);
+        }
+        hint_started_.clear();
+        promoted_ahead_.clear();
+    });
 }
 
 }  // namespace moestream

@@ -10,6 +10,9 @@
 // promoted to the device tier, whose victim moves down into the host slot the promoted expert
 // leaves). release() unpins it. The model holds at most max_held() experts.
 //
+// The DSpark stages' experts (layers n_layers + s) have host slots of their own by default
+// (tier_options::draft_bytes), so drafting never evicts the target's experts from either tier.
+//
 // Results do not depend on any of this: the bytes computed from are the file's bytes wherever
 // they sit, and the model's accumulation order is fixed (ascending expert id).
 //
@@ -33,6 +36,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -47,6 +51,7 @@
 #include "model/thread_pool.h"
 #include "model/arch/deepseek41.h"
 #include "scheduler/model_loader.h"
+#include "spec/expert_union.h"
 #include "storage/aligned_buffer.h"
 #include "storage/expert_cache.h"
 #include "storage/io_uring_reader.h"
@@ -56,6 +61,13 @@ namespace moestream {
 struct tier_options {
     uint64_t device_bytes = 0;  // 0: no device tier (compute reads the host slots); clamped like host_bytes
     uint64_t host_bytes = 0;    // at least one expert; more than every expert takes is clamped
+    // The DSpark stages' experts (layers n_layers + s) in host slots of their own, so drafting
+    // never evicts the target's experts from the device or host tier (the published port kept
+    // them in RAM: a draft that waits for the disk or pushes the target's hot experts out costs
+    // more than it saves). kDraftAll (the default): every draft expert, resident once first
+    // read, never evicted; 0: the draft shares the target's tiers; else at least one expert.
+    static constexpr uint64_t kDraftAll = UINT64_MAX;
+    uint64_t draft_bytes = kDraftAll;
     io::reader_options io;
     std::string policy = "lru";
     bool lock_host = false;     // mlock the host tier (pinned memory)
@@ -78,6 +90,7 @@ struct tier_counters {
     uint64_t demands = 0;        // get() calls
     uint64_t device_hits = 0;
     uint64_t host_hits = 0;      // found in the host tier (promoted)
+    uint64_t draft_hits = 0;     // of the host hits, draft experts found in the draft's own slots
     uint64_t joins = 0;          // demanded while already loading
     uint64_t disk_reads = 0;     // experts read from disk
     uint64_t disk_bytes = 0;
@@ -125,9 +138,20 @@ class tiered_experts final : public dsv41::expert_source {
     void hint(int layer, std::span<const int32_t> experts) override;
 
     tier_counters counters() const;  // a snapshot taken on the strand (blocks briefly)
+    // Where each layer's announced experts were, cumulative (layers 0..out.size()-1; the draft
+    // stages after the target's), for spec::step_recorder's per-step accounting (a
+    // spec::tally_probe). Never blocks (see tallies_).
+    bool layer_tallies(std::span<spec::layer_tally> out) const;
+    enum class tier { device, host, draft };
+    // The experts resident in a tier, ascending (tests, reports; blocks briefly).
+    std::vector<storage::expert_key> resident_keys(tier which) const;
+    // Drops every resident expert no forward holds, in every tier, so the next forward reads
+    // from disk what it needs (benchmarks of new content). Not while a forward runs.
+    void forget_resident();
     io::reader_stats io_stats() const { return reader_->stats(); }
     uint32_t device_slots() const { return device_slots_; }
     uint32_t host_slots() const { return host_slots_; }
+    uint32_t draft_slots() const { return draft_slots_; }  // 0: the draft shares the target's tiers
     // Bytes one expert takes in each tier (with its read alignment in the host tier).
     uint64_t device_slot_bytes() const { return device_slot_bytes_; }
     uint64_t host_slot_bytes() const { return host_slot_bytes_; }
@@ -168,6 +192,14 @@ class tiered_experts final : public dsv41::expert_source {
     dsv41::expert_weights views(const layout& l, const std::byte* base, bool host) const;
     std::byte* host_slot(storage::slot_id s) const { return host_buf_.data() + size_t(s) * host_slot_bytes_; }
     std::byte* device_slot(storage::slot_id s) const { return device_buf_.data() + size_t(s) * device_slot_bytes_; }
+    std::byte* draft_slot(storage::slot_id s) const { return draft_buf_.data() + size_t(s) * host_slot_bytes_; }
+    // A draft stage's expert with a budget of its own: it lives in the draft's slots only.
+    bool draft_key(storage::expert_key k) const { return draft_ && int(storage::key_layer(k)) >= n_layers_; }
+    // The host-memory cache an expert is read into: the draft's own, or the host tier.
+    storage::expert_cache& home(storage::expert_key k) const { return draft_key(k) ? *draft_ : *host_; }
+    std::byte* home_slot(storage::expert_key k, storage::slot_id s) const {
+        return draft_key(k) ? draft_slot(s) : host_slot(s);
+    }
     void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) const;
     // Runs fn on the strand and waits for it (blocking forms and the destructor only).
     void run_on_strand(std::function<void()> fn) const;
@@ -212,9 +244,10 @@ class tiered_experts final : public dsv41::expert_source {
     // Where part p starts in a slot: host slots keep each part in the reader's staging window
     // (its bytes at offset % 4096, so O_DIRECT reads land in place); device slots pack them.
     uint64_t host_part_[3] = {}, device_part_[3] = {};
-    uint32_t host_slots_ = 0, device_slots_ = 0;
+    uint32_t host_slots_ = 0, device_slots_ = 0, draft_slots_ = 0;
+    int n_layers_ = 0;  // the target's layers (the draft stages follow)
     int64_t max_held_ = 1;
-    io::aligned_buffer host_buf_, device_buf_;
+    io::aligned_buffer host_buf_, device_buf_, draft_buf_;
 
     // The strand and what it runs on (declared before the reader and the copy worker, which post
     // to it, so it outlives them).
@@ -230,7 +263,16 @@ class tiered_experts final : public dsv41::expert_source {
     void remap_sync_reads(const std::vector<io::read_request>& batch);
 
     // ---- strand-owned ----
-    std::unique_ptr<storage::expert_cache> host_, device_;
+    std::unique_ptr<storage::expert_cache> host_, device_, draft_;
+    // Per layer (target, then draft stages): written on the strand only, read by
+    // layer_tallies() from any thread without a round trip to the strand (it runs twice a
+    // decode step). Relaxed atomics: a step's need() handlers all ran before its forward ended
+    // (the forward awaited their answers), so a reader after the forward sees them.
+    struct atomic_tally {
+        std::atomic<uint64_t> needs{0}, experts{0}, device{0}, host{0}, in_flight{0}, missing{0}, bytes_read{0};
+    };
+    std::unique_ptr<atomic_tally[]> tallies_;
+    size_t n_tallies_ = 0;
     std::map<storage::expert_key, load_state> loading_;
     // Read errors not yet reported, with the need() generation of their read: a failure from an
     // older forward (that already failed) is not reported again, its expert is read again.

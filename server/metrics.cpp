@@ -170,6 +170,19 @@ void render_speculation(exposition& x, const engine_stats& e) {
              "Steps counted in step_experts_total (those whose routing the host saw), by kind.");
     for (size_t k = 0; k < 3; ++k)
         x.sample("moestream:step_experts_steps_total", "", e.step_experts_steps[k], {{"kind", kKinds[k]}});
+    // Where those experts were (the speculation policy's records: steps without prompt rows).
+    x.family("moestream:step_experts_not_resident_total", "counter",
+             "Routed experts of a step that were in no tier when announced (read from disk or joined in flight), "
+             "summed over the steps of step_residency_steps_total, by kind.");
+    for (size_t k = 1; k < 3; ++k)
+        x.sample("moestream:step_experts_not_resident_total", "", e.step_not_resident[k], {{"kind", kKinds[k]}});
+    x.family("moestream:step_disk_bytes_total", "counter",
+             "Bytes of routed experts read from disk during those steps, by kind.");
+    for (size_t k = 1; k < 3; ++k) x.sample("moestream:step_disk_bytes_total", "", e.step_bytes_read[k], {{"kind", kKinds[k]}});
+    x.family("moestream:step_residency_steps_total", "counter",
+             "Steps counted in step_experts_not_resident_total and step_disk_bytes_total, by kind.");
+    for (size_t k = 1; k < 3; ++k)
+        x.sample("moestream:step_residency_steps_total", "", e.step_residency_steps[k], {{"kind", kKinds[k]}});
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "spec/verify.h"
 
@@ -61,12 +62,19 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
     if (n <= 0 || !emit(first)) return st;
     int32_t last = first;
     std::vector<float> logits;
+    std::optional<step_recorder> own_recorder;
+    if (!o.recorder) own_recorder.emplace(target.hp().n_layers);
+    step_recorder& recorder = o.recorder ? *o.recorder : *own_recorder;
+    std::array<int64_t, draft_policy::kMaxK + 1> kept_rows{};
+    // A step's time runs from the previous step's record to its own: everything a step costs
+    // (drafting, the forward, the walk, the rollback, the bookkeeping) is in it.
+    auto step_start = std::chrono::steady_clock::now();
     for (;;) {
         // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
         // the sequence has room for.
         const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->choose()) : o.k;
         const int want = draft_room(k, n - emitted, seq.capacity() - seq.size() - 1);
-        const auto t0 = std::chrono::steady_clock::now();
+        recorder.begin();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
         rows.assign(1, last);
@@ -74,12 +82,12 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         const int64_t before = seq.size();
         dsv41::forward_item item{&seq, rows, true};
         if (auto f = target.forward({&item, 1}, logits); !f) return f.err();
-        const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         ++st.target_steps;
         st.drafted += int64_t(draft.size());
         const size_t kd = std::min<size_t>(draft.size(), draft_policy::kMaxK);
         ++st.steps_by_k[kd];
-        if (const int64_t ex = target.last_forward_experts(); ex >= 0) st.experts_by_k[kd] += ex, ++st.counted_by_k[kd];
+        const int64_t step_experts = target.last_forward_experts();
+        if (step_experts >= 0) st.experts_by_k[kd] += step_experts, ++st.counted_by_k[kd];
         // Row j's choice follows rows[0..j] (spec/verify.h). A draft never reaches the n-th
         // token, and the stop token is never accepted, so the sequence never consumes either.
         const auto choose = [&](size_t j, int32_t& t) {
@@ -88,7 +96,20 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         auto v = verify_rows(draft, choose, emit);
         if (!v) return v.err();
         st.accepted += v->kept;
-        if (o.policy) o.policy->record(int(draft.size()), int(v->kept), step_s);
+        const auto now = std::chrono::steady_clock::now();
+        const double step_s = std::chrono::duration<double>(now - step_start).count();
+        step_start = now;
+        const union_record& rec = recorder.end(target, int(draft.size()), int(v->kept), int(rows.size()), step_s);
+        if (o.policy) {
+            o.policy->record_drafts(int(draft.size()), int(v->kept));
+            o.policy->record_step(sample_of(rec));
+        }
+        // The next step's first row follows the kept rows, and neighbouring positions route
+        // alike: their experts are its hint, sent before the next draft is made.
+        if (o.hint_kept_rows && !draft.empty() && v->next >= 0) {
+            for (int64_t r = 0; r <= v->kept; ++r) kept_rows[size_t(r)] = r;
+            (void)target.hint_next_forward(std::span<const int64_t>(kept_rows.data(), size_t(v->kept + 1)));
+        }
         // The rows after the last accepted draft are forgotten; the draft head continues from the
         // last kept row's features.
         MS_TRY(keep_rows(target, seq, before, int64_t(rows.size()), v->kept, 0));

@@ -17,6 +17,7 @@
 #include "model/sampler.h"
 #include "spec/draft_policy.h"
 #include "spec/drafter.h"
+#include "spec/expert_union.h"
 
 namespace moestream::spec {
 
@@ -39,6 +40,13 @@ struct greedy_options {
     // When set, each step's draft length (at most k) is the policy's choice, and the step's
     // drafting + verification time and acceptance are recorded into it.
     draft_policy* policy = nullptr;
+    // Records every step's union (where its experts were, the bytes read, its time); without
+    // one, a recorder of the model's own union figures (experts taken as resident) feeds the
+    // policy.
+    step_recorder* recorder = nullptr;
+    // After each step that verified drafts, the kept rows' routing (the accepted draft's) is
+    // the next step's look-ahead hint (model::hint_next_forward): I/O only.
+    bool hint_kept_rows = true;
     int32_t stop_token = -1;  // chosen: decoding ends, the token is not emitted (-1: none)
     std::function<void(int32_t)> on_token;  // each emitted token, as soon as it is known
 };

@@ -312,9 +312,11 @@ int run(const cli::args& a) {
             drafter = std::make_unique<spec::oracle_drafter>(continuation, int64_t(prompt.size()),
                                                              spec_opts->oracle_rate, int32_t(vocab));
         }
-        spec::draft_policy policy;
+        spec::draft_policy policy(spec::draft_policy::kMaxK, spec::shape_of(s.hp()));
+        spec::step_recorder recorder(s.hp().n_layers, s.tally_probe());
         spec::greedy_options o;
         o.k = spec_opts->k;
+        o.recorder = &recorder;
         if (spec_opts->adaptive) o.policy = &policy;
         o.stop_token = eos;
         o.on_token = [&](int32_t t) { out.emit(t); };
@@ -348,6 +350,19 @@ int run(const cli::args& a) {
                      generated.size(), spec_s > 0 ? double(generated.size()) / spec_s : 0.0, spec_s, stop.c_str(),
                      sampling.c_str(), drafter->name().c_str(), k_text.c_str(), static_cast<long long>(r->target_steps),
                      static_cast<long long>(r->accepted), static_cast<long long>(r->drafted));
+        // The union a step loaded by tokens drafted: experts per layer, and the share of them
+        // that were not resident when announced.
+        std::string unions;
+        for (int k = 0; k <= spec::draft_policy::kMaxK; ++k) {
+            const auto& t = recorder.by_k()[size_t(k)];
+            if (t.counted == 0) continue;
+            char buf[96];
+            std::snprintf(buf, sizeof buf, "%sk %d: %.1f (%.0f%% not resident)", unions.empty() ? "" : ", ", k,
+                          double(t.experts) / double(t.counted) / double(s.hp().n_layers),
+                          t.experts > 0 ? 100.0 * double(t.in_flight + t.missing) / double(t.experts) : 0.0);
+            unions += buf;
+        }
+        if (!unions.empty()) std::fprintf(stderr, "experts per layer a step: %s\n", unions.c_str());
         s.print_streaming_stats();
         return 0;
     }

@@ -117,6 +117,7 @@ int run(const cli::args& a) {
         };
     }
     eo.spec = *spec_opts;
+    eo.spec.tallies = s.tally_probe();
     if (auto st = validate(eo.spec, *s.model); !st) {
         srv.shutdown();
         srv.wait();

@@ -18,6 +18,12 @@ std::unique_ptr<dsv41::sequence_state> model_session::new_sequence(int64_t token
     return model->new_sequence(std::max<int64_t>(tokens, 1), rollback);
 }
 
+spec::tally_probe model_session::tally_probe() const {
+    if (!streamed) return {};
+    const tiered_experts* t = streamed.get();
+    return [t](std::span<spec::layer_tally> out) { return t->layer_tallies(out); };
+}
+
 void model_session::print_streaming_stats() const {
     if (!streamed) return;
     const auto k = streamed->counters();
@@ -25,12 +31,13 @@ void model_session::print_streaming_stats() const {
     std::fprintf(stderr,
                  "experts: %llu demands, %llu device hits, %llu host hits, %llu joined in flight, %llu read from disk "
                  "(%.1f MB, %.2f GB/s while busy, %.1f reads in flight on average, max %u), %.3f s waited; tiers: "
-                 "%u device slots, %u host slots; look-ahead: %llu reads, %llu used%s%s\n",
+                 "%u device slots, %u host slots, %u draft slots (%llu hits); look-ahead: %llu reads, %llu used%s%s\n",
                  static_cast<unsigned long long>(k.demands), static_cast<unsigned long long>(k.device_hits),
                  static_cast<unsigned long long>(k.host_hits), static_cast<unsigned long long>(k.joins),
                  static_cast<unsigned long long>(k.disk_reads), double(k.disk_bytes) / 1e6, io.bandwidth() / 1e9,
                  io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, streamed->device_slots(),
-                 streamed->host_slots(), static_cast<unsigned long long>(k.hint_reads),
+                 streamed->host_slots(), streamed->draft_slots(), static_cast<unsigned long long>(k.draft_hits),
+                 static_cast<unsigned long long>(k.hint_reads),
                  static_cast<unsigned long long>(k.hint_used), streamed->notes().empty() ? "" : "; ",
                  streamed->notes().c_str());
     std::fprintf(stderr,
@@ -103,6 +110,8 @@ tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes) {
     t.io.depth = uint32_t(cfg.io.depth);
     t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
     t.remap_sync = cfg.io.mode == io_mode::remap_sync;
+    t.draft_bytes = cfg.cache.draft_cache_gib == cache_settings::k_all ? tier_options::kDraftAll
+                                                                        : uint64_t(cfg.cache.draft_cache_gib * kGiB);
     return t;
 }
 

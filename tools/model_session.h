@@ -19,6 +19,7 @@
 #include "scheduler/recorded_picks.h"
 #include "scheduler/engram_stream.h"
 #include "scheduler/tiered_experts.h"
+#include "spec/expert_union.h"
 
 namespace moestream::tools {
 
@@ -46,6 +47,9 @@ struct model_session {
     std::string backend_line() const;
     // One line of expert-tier accounting (to stderr), when the experts are streamed.
     void print_streaming_stats() const;
+    // Where each layer's experts were when announced (spec/expert_union.h), when streamed;
+    // empty otherwise (everything resident).
+    spec::tally_probe tally_probe() const;
     // A fresh sequence with room for `tokens` positions.
     std::unique_ptr<dsv41::sequence_state> new_sequence(int64_t tokens, int64_t rollback = 16) const;
 };

@@ -82,6 +82,11 @@ model::model(const hparams& hp, const model_weights& w, const draft_weights* dra
     freqs_plain_ = rope_table(hp, hp.rope_theta, false);
     freqs_yarn_ = rope_table(hp, hp.compress_rope_theta, true);
     MS_ASSERT(int(w.layers.size()) == hp.n_layers);
+    // The routing record and the carried hints, allocated once (a decode step allocates nothing).
+    ws_->layer_union.assign(size_t(hp.n_layers), -1);
+    ws_->row_picks.assign(size_t(hp.n_layers) * size_t(detail::kMaxRecordedRows) * size_t(hp.n_active), 0);
+    ws_->carried_hints.resize(size_t(hp.n_layers));
+    for (auto& h : ws_->carried_hints) h.reserve(size_t(detail::kMaxRecordedRows) * size_t(hp.n_active));
     for (auto [host, dev] : {std::pair{&freqs_plain_, &ws_->freqs_plain}, std::pair{&freqs_yarn_, &ws_->freqs_yarn}}) {
         dev->resize(host->size());
         be.upload(dev->data(), host->data(), host->size() * sizeof(float));
@@ -620,11 +625,51 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
     step.end();
     logits.resize(size_t(n_out * hp.vocab));
     be_.download(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
+    for (auto& h : ws.carried_hints) h.clear();  // they were for this forward
     co_return status{};
 }
 
 int64_t model::last_forward_experts() const {
     return ws_->layers_routed_on_backend > 0 ? -1 : ws_->routed_experts;
+}
+
+int64_t model::last_forward_layer_experts(int layer) const {
+    if (layer < 0 || layer >= hp_.n_layers) return -1;
+    return ws_->layer_union[size_t(layer)];
+}
+
+std::span<const int32_t> model::last_forward_picks(int layer, int64_t row) const {
+    const detail::workspace& ws = *ws_;
+    if (layer < 0 || layer >= hp_.n_layers || row < 0 || row >= ws.picks_rows || ws.layer_union[size_t(layer)] < 0)
+        return {};
+    const size_t k = size_t(hp_.n_active);
+    return std::span<const int32_t>(ws.row_picks).subspan((size_t(layer) * size_t(detail::kMaxRecordedRows) + size_t(row)) * k, k);
+}
+
+bool model::hint_next_forward(std::span<const int64_t> rows) {
+    detail::workspace& ws = *ws_;
+    if (rows.empty() || int64_t(rows.size()) > detail::kMaxRecordedRows) return false;
+    for (int64_t r : rows)
+        if (r < 0 || r >= ws.picks_rows) return false;
+    bool any = false;
+    for (int L = 0; L < hp_.n_layers; ++L) {
+        std::vector<int32_t>& h = ws.carried_hints[size_t(L)];
+        h.clear();
+        for (int64_t r : rows) {
+            const auto p = last_forward_picks(L, r);
+            h.insert(h.end(), p.begin(), p.end());
+        }
+        std::sort(h.begin(), h.end());
+        h.erase(std::unique(h.begin(), h.end()), h.end());
+        any |= !h.empty();
+    }
+    // The first layer has no layer before it to predict it: its hint goes out now, so its reads
+    // overlap whatever runs before the next forward (sampling, the next draft).
+    if (!ws.carried_hints[0].empty()) {
+        experts_.hint(0, ws.carried_hints[0]);
+        ws.carried_hints[0].clear();
+    }
+    return any;
 }
 
 }  // namespace moestream::dsv41

@@ -334,6 +334,19 @@ class model {
     // union a verification block loads); -1 when layers routed on the backend (slot tables),
     // whose picks the host does not see.
     int64_t last_forward_experts() const;
+    // The same for one target layer (-1: routed on the backend, or not a target layer).
+    int64_t last_forward_layer_experts(int layer) const;
+    // The experts batch row `row` of the last forward picked at target layer `layer` (n_active
+    // ids, router order); empty when the forward had more than 64 rows or the layer routed on
+    // the backend.
+    std::span<const int32_t> last_forward_picks(int layer, int64_t row) const;
+    // After a forward: the experts that its batch rows `rows` picked (a speculative step's kept
+    // rows, which the next step's rows follow; neighbouring positions route alike) are a hint for
+    // the next forward's. The first layer's go to the expert source at once, so their reads
+    // overlap what runs before that forward (sampling, the next draft); each later layer's join
+    // the look-ahead hint sent while the layer before it computes. I/O only, never results.
+    // False when those rows' picks were not kept.
+    bool hint_next_forward(std::span<const int64_t> rows);
 
     // After a forward that fed `seq`, and a truncate() that kept one of its rows as the last one:
     // the DSpark head's input becomes the features of `row`, that row's index in the forward's

@@ -236,7 +236,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     const int64_t inter = hp.moe_inter;
     if (table) {
         observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});
-        if (layer < e.hp.n_layers) ++ws.layers_routed_on_backend;
+        if (layer < e.hp.n_layers) {
+            ++ws.layers_routed_on_backend;
+            ws.layer_union[size_t(layer)] = -1;  // the host never sees these picks
+        }
         co_return moe_through_slots(e, lw, *table, xe, n, k, inter, pair, limit, out, upd);
     }
     // The picks are the host's to schedule with (a few bytes).
@@ -259,8 +262,23 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     std::vector<int32_t>& needed = sc.needed;
     needed.assign(picks.begin(), picks.end());
     distinct(needed);
-    if (layer < hp.n_layers) ws.routed_experts += int64_t(needed.size());
+    if (layer < hp.n_layers) {
+        ws.routed_experts += int64_t(needed.size());
+        ws.layer_union[size_t(layer)] = int32_t(needed.size());
+        ws.picks_rows = n <= kMaxRecordedRows ? n : 0;
+        if (ws.picks_rows > 0)
+            std::copy(picks.begin(), picks.end(),
+                      ws.row_picks.begin() + std::ptrdiff_t(size_t(layer) * size_t(kMaxRecordedRows) * size_t(k)));
+    }
     e.experts.need(layer, needed);
+    // Hints carried from the previous forward (model::hint_next_forward) for the next layer.
+    std::vector<int32_t>* carried =
+        layer + 1 < hp.n_layers && !ws.carried_hints[size_t(layer + 1)].empty() ? &ws.carried_hints[size_t(layer + 1)]
+                                                                               : nullptr;
+    if (carried && !look_ahead) {
+        e.experts.hint(layer + 1, *carried);
+        carried->clear();
+    }
     if (look_ahead) {
         MS_ASSERT(next->exp_probs_b.size == n_experts);
         ws.predicted.resize(size_t(n_assign));
@@ -269,6 +287,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         std::vector<int32_t>& predicted = sc.predicted;
         predicted.resize(size_t(n_assign));
         e.be.download(predicted.data(), ws.predicted.data(), predicted.size() * sizeof(int32_t));
+        if (carried) {
+            predicted.insert(predicted.end(), carried->begin(), carried->end());
+            carried->clear();
+        }
         distinct(predicted);
         e.experts.hint(layer + 1, predicted);
     }

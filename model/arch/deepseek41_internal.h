@@ -56,6 +56,14 @@ struct workspace {
     // The last forward's routing: the distinct experts of its rows summed over the host-routed
     // MoE layers, and the MoE layers routed on the backend (whose picks the host never sees).
     int64_t routed_experts = 0, layers_routed_on_backend = 0;
+    // Per target layer: the last forward's union (distinct experts of its rows; -1: routed on
+    // the backend) and its rows' picks when it had at most kMaxRecordedRows rows (picks_rows of
+    // them, else 0), [n_layers][kMaxRecordedRows * n_active]; model::last_forward_picks.
+    std::vector<int32_t> layer_union, row_picks;
+    int64_t picks_rows = 0;
+    // Experts the next forward will probably need per target layer (model::hint_next_forward),
+    // folded into its look-ahead hints and dropped when that forward ends.
+    std::vector<std::vector<int32_t>> carried_hints;
     barray<float> freqs_plain{be}, freqs_yarn{be};  // the RoPE tables (model::rope_freqs)
     // rows of the forward
     barray<int32_t> tokens{be};
@@ -116,6 +124,8 @@ void compute_mix(const env& e, const float* H, int64_t n, const weight_view& fn,
 // is a job of its own there, so experts that several rows share are read once per row; decode
 // and verification blocks have few rows, a prefill's hundreds are grouped by expert on the host.
 inline constexpr int64_t kMaxSlotTableRows = 8;
+// The most rows of a forward whose picks are kept (a verification block of several sequences).
+inline constexpr int64_t kMaxRecordedRows = 64;
 
 // q = RoPE(W_qb · RMSNorm(W_qa · x)) with its latent qr (kept for the indexer) and the window kv
 // rows RoPE(RMSNorm(W_kv · x)) from the same input, their matmuls batched: q_a with kv, then q_b with the

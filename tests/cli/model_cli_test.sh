@@ -152,11 +152,13 @@ PY
   [[ $a1 == "$a2" ]] || fail "seeded speculative sampling is not reproducible: '$a1' vs '$a2'"
   # bench spec: every drafter and draft length against plain decoding (it fails on any output that
   # differs from plain greedy decoding).
-  out=$("$BIN" bench spec --model "$WORK/t.gguf" --draft "$WORK/d.gguf" -n 8 --prompt-tokens 16 --rounds 1 2>&1) ||
-    fail "bench spec: $out"
-  for row in "plain        0" "oracle:0.03  auto" "ngram        5" "dspark       3"; do
-    grep -q "^$row " <<<"$out" || fail "bench spec lacks the row '$row': $out"
+  out=$("$BIN" bench spec --model "$WORK/t.gguf" --draft "$WORK/d.gguf" -n 8 --prompt-tokens 16 --rounds 1 \
+    --kinds verbatim,prose 2>&1) || fail "bench spec: $out"
+  for row in "plain          0" "oracle a=0.97  auto" "ngram          5" "dspark         3" "verbatim, new content" \
+             "prose, repeated content" "bench spec verdict: "; do
+    grep -q "^$row" <<<"$out" || fail "bench spec lacks the row '$row': $out"
   done
+  expect_fail 2 "unknown kind" "$BIN" bench spec --model "$WORK/t.gguf" --kinds poetry
   expect_fail 2 "-n must be >= 2" "$BIN" bench spec --model "$WORK/t.gguf" -n 1
   expect_fail 2 "needs the draft head" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter dspark
   expect_fail 2 "--spec-k needs --drafter" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --spec-k 2

@@ -99,7 +99,8 @@ for name in plain ngram dspark; do
   for family in llamacpp:spec_decode_num_drafts_total llamacpp:spec_decode_num_draft_tokens_total \
     llamacpp:spec_decode_num_accepted_tokens_total llamacpp:spec_decode_num_accepted_tokens_per_pos_total \
     moestream:spec_decode_num_draft_tokens_total moestream:spec_verification_steps_total \
-    moestream:step_experts_total moestream:step_experts_steps_total; do
+    moestream:step_experts_total moestream:step_experts_steps_total moestream:step_experts_not_resident_total \
+    moestream:step_disk_bytes_total moestream:step_residency_steps_total; do
     grep -q "^$family{" "$m" || fail "$name /metrics lacks $family"
   done
   drafted=$(metric "$m" llamacpp:spec_decode_num_draft_tokens_total)
@@ -133,6 +134,9 @@ for name in plain ngram dspark; do
       awk -v s="$steps" 'BEGIN { exit !(s + 0 > 0) }' || fail "no verification steps counted"
       grep -q '^moestream:step_experts_steps_total{model_name="[^"]*",kind="verify"} [1-9]' "$m" ||
         fail "no verification step's experts counted: $(grep step_experts "$m")"
+      # (Served through the tiers: where the verification steps' experts were is recorded.)
+      grep -q '^moestream:step_residency_steps_total{model_name="[^"]*",kind="verify"} [1-9]' "$m" ||
+        fail "no verification step's residency counted: $(grep step_ "$m")"
       jcheck "$WORK/dspark.props.json" 'd.default_generation_settings.params["speculative.n_max"] === 2' "dspark /props" ;;
   esac
 done

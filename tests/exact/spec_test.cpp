@@ -14,6 +14,7 @@
 #include "spec/ngram_drafter.h"
 #include "spec/oracle_drafter.h"
 #include "model/sampler.h"
+#include "scheduler/tiered_experts.h"
 #include "spec/speculative.h"
 
 namespace moestream::test {
@@ -169,6 +170,173 @@ BOOST_AUTO_TEST_CASE(draft_policy_follows_acceptance_and_cost) {
     }
 }
 
+// A synthetic streaming machine: a step of T rows routes U(T) = a * T^b experts (summed over
+// layers), `share` of them not resident, and costs base + draft + row * T + resident * R +
+// missing * M seconds.
+struct union_machine {
+    double p;                   // acceptance per draft
+    double a = 240, b = 0.5;    // the union
+    double share = 0.5;         // not resident
+    double base = 0.5, draft = 0.0, row = 0.01, resident = 0.001, missing = 0.01;
+    double experts(int rows) const { return a * std::pow(double(rows), b); }
+    double seconds(int k, double s) const {
+        const double u = experts(k + 1);
+        return base + (k > 0 ? draft : 0.0) + row * (k + 1) + resident * u * (1 - s) + missing * u * s;
+    }
+    spec::step_sample sample(int k, double s) const {
+        spec::step_sample x;
+        x.drafted = k;
+        x.experts = experts(k + 1);
+        x.not_resident = x.experts * s;
+        x.seconds = seconds(k, s);
+        return x;
+    }
+};
+
+std::array<int, 6> simulate_union(spec::draft_policy& pol, const union_machine& m, int steps, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> u(0, 1);
+    std::array<int, 6> chosen{};
+    for (int s = 0; s < steps; ++s) {
+        const int k = pol.choose();
+        int acc = 0;
+        while (acc < k && u(rng) < m.p) ++acc;
+        pol.record_drafts(k, acc);
+        pol.record_step(m.sample(k, m.share));
+        if (s >= steps / 2) ++chosen[size_t(k)];
+    }
+    return chosen;
+}
+
+int most_chosen(const std::array<int, 6>& c) { return int(std::max_element(c.begin(), c.end()) - c.begin()); }
+
+// The union model: fitted from the steps, it predicts the union of row counts never measured.
+BOOST_AUTO_TEST_CASE(union_model_fits_the_measured_union) {
+    for (double b : {1.0, 0.6, 0.3}) {
+        union_machine m{0.5};
+        m.b = b;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        for (int s = 0; s < 40; ++s) pol.record_step(m.sample(s % 2, 0.0));  // rows 1 and 2 only
+        for (int rows : {1, 2, 4, 6})
+            BOOST_TEST(std::fabs(pol.expected_union(rows) / m.experts(rows) - 1) < 0.05,
+                       "b " << b << " rows " << rows << ": " << pol.expected_union(rows) << " vs " << m.experts(rows));
+    }
+    // Independent routing over 384 experts a layer (the anchors' E|U| = 384 (1 - (1 - 6/384)^T)),
+    // measured at 1..3 rows: within 10% up to 6.
+    spec::draft_policy pol(5, {6, 384});
+    const auto independent = [](int t) { return 384 * (1 - std::pow(1 - 6.0 / 384, t)); };
+    for (int s = 0; s < 60; ++s) {
+        spec::step_sample x;
+        x.drafted = s % 3;
+        x.experts = independent(x.drafted + 1);
+        x.seconds = 1;
+        pol.record_step(x);
+    }
+    for (int rows = 1; rows <= 6; ++rows)
+        BOOST_TEST(std::fabs(pol.expected_union(rows) / independent(rows) - 1) < 0.1, "rows " << rows);
+    // Never more than every expert.
+    BOOST_TEST(pol.expected_union(1000) <= 384.0);
+}
+
+// A k never measured costs what the union model and the current residency say: measured at
+// k 0 and 1 only, the model's time for k 5 is the machine's within 5%, where the line through
+// the two measured points is off by more than 15% (the union is concave).
+BOOST_AUTO_TEST_CASE(unmeasured_draft_lengths_cost_what_the_union_model_says) {
+    union_machine m{0.5};
+    m.b = 0.4;
+    spec::draft_policy pol(5, spec::union_shape{240, 240 * 64});
+    for (int s = 0; s < 40; ++s) pol.record_step(m.sample(s % 2, m.share));
+    const double truth = m.seconds(5, m.share);
+    const double linear = m.seconds(0, m.share) + 5 * (m.seconds(1, m.share) - m.seconds(0, m.share));
+    BOOST_TEST(std::fabs(linear / truth - 1) > 0.15);
+    BOOST_TEST_REQUIRE(pol.modelled_seconds(5) > 0);
+    BOOST_TEST(std::fabs(pol.step_seconds(5) / truth - 1) < 0.05, pol.step_seconds(5) << " vs " << truth);
+    BOOST_TEST(std::fabs(pol.step_seconds(3) / m.seconds(3, m.share) - 1) < 0.05);
+    // The residency changes: steps whose share not resident varied teach the cost per resident
+    // and per missing expert apart; then everything becomes resident (only plain steps measured
+    // since), and the unmeasured k's cost follows the current residency, not the old times.
+    spec::draft_policy pol2(5, spec::union_shape{240, 240 * 64});
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<double> u(0.1, 0.9);
+    for (int s = 0; s < 60; ++s) pol2.record_step(m.sample(s % 2, u(rng)));
+    BOOST_TEST(pol2.cost().per_missing > pol2.cost().per_resident);
+    for (int s = 0; s < 12; ++s) pol2.record_step(m.sample(0, 0.0));
+    BOOST_TEST(pol2.not_resident_share() < 0.05);
+    for (int k : {2, 3, 4})
+        BOOST_TEST(std::fabs(pol2.step_seconds(k) / m.seconds(k, 0.0) - 1) < 0.1,
+                   "k " << k << ": " << pol2.step_seconds(k) << " vs " << m.seconds(k, 0.0) << " (at the old residency "
+                        << m.seconds(k, 0.5) << ")");
+}
+
+// The policy on synthetic streaming machines: a disk-bound machine (most of the union missing,
+// a missing expert dear) with low acceptance converges to plain decoding; one whose experts
+// are resident with good drafts drafts the longest blocks; and one that turns disk-bound
+// follows to plain decoding. Deterministic: the same inputs, the same choices.
+BOOST_AUTO_TEST_CASE(draft_policy_with_the_union_model_converges) {
+    {
+        union_machine m{0.3};
+        m.share = 0.6, m.missing = 0.02, m.b = 0.9;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        const auto c = simulate_union(pol, m, 400, 1);
+        BOOST_TEST(most_chosen(c) == 0);
+        BOOST_TEST(c[0] >= 170);  // of 200: exploration aside
+    }
+    {
+        // Even good drafts: when every row's experts come from disk, a row costs nearly a step.
+        union_machine m{0.8};
+        m.share = 0.9, m.missing = 0.05, m.b = 0.95;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        BOOST_TEST(most_chosen(simulate_union(pol, m, 400, 2)) == 0);
+    }
+    {
+        union_machine m{0.9};
+        m.share = 0.0, m.resident = 0.0002, m.row = 0.02, m.b = 0.6;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        const auto c = simulate_union(pol, m, 400, 3);
+        BOOST_TEST(most_chosen(c) == 5);
+        // The machine turns disk-bound (the experts no longer fit) and the content is harder to
+        // draft: back to plain decoding (acceptance and costs both follow).
+        m.share = 0.9, m.missing = 0.05, m.p = 0.4;
+        BOOST_TEST(most_chosen(simulate_union(pol, m, 400, 4)) == 0);
+    }
+    {
+        // A draft head dearer than four target steps that drafts nothing the target accepts:
+        // plain decoding, and exploration only as often as 2% of the time pays for it, so the
+        // policy's decoding takes at most 3% more time than plain decoding's.
+        union_machine m{0.0};
+        m.share = 0.0, m.draft = 4.0;
+        spec::draft_policy pol(5, {240, 240 * 64});
+        std::mt19937 rng(6);
+        double spent = 0, plain = 0;
+        int drafted_steps = 0;
+        for (int s = 0; s < 2000; ++s) {
+            const int k = pol.choose();
+            pol.record_drafts(k, 0);
+            pol.record_step(m.sample(k, 0.0));
+            if (s >= 200) spent += m.seconds(k, 0.0), plain += m.seconds(0, 0.0), drafted_steps += k > 0;
+        }
+        BOOST_TEST(spent <= 1.03 * plain, "drafted in " << drafted_steps << " of 1800 steps");
+        BOOST_TEST(drafted_steps > 0);  // still tried now and then
+    }
+    {
+        // Acceptance of positions never reached is the estimate of the one before, not 1/2: a
+        // policy that found good drafts at k 2 sees the longer blocks' worth.
+        spec::draft_policy pol;
+        for (int s = 0; s < 50; ++s) pol.record_drafts(2, 2);
+        BOOST_TEST(pol.acceptance(2) > 0.9);
+        BOOST_TEST(pol.acceptance(5) > 0.9);
+        BOOST_TEST(pol.expected_tokens(5) > 5.0);
+        for (int s = 0; s < 50; ++s) pol.record_drafts(2, 0);
+        BOOST_TEST(pol.acceptance(1) < 0.6);  // forgetting: the content changed
+    }
+    {
+        union_machine m{0.7};
+        m.share = 0.1;
+        spec::draft_policy a(5, {240, 240 * 64}), b(5, {240, 240 * 64});
+        BOOST_TEST((simulate_union(a, m, 200, 5) == simulate_union(b, m, 200, 5)));
+    }
+}
+
 // The per-step policy gives plain greedy output too.
 BOOST_AUTO_TEST_CASE(auto_draft_length_gives_plain_output, *needs()) {
     auto& m = fixture(kFx);
@@ -284,6 +452,230 @@ BOOST_AUTO_TEST_CASE(speculative_sampling_preserves_the_distribution, *needs()) 
     for (uint64_t seed = 1; seed <= 40; ++seed)
         for (auto [rate, k] : {std::pair<double, int>{0.0, 2}, {0.5, 1}, {1.0, 2}})
             BOOST_TEST(run(seed, rate, k).first == run(seed, 0, 0).first, "seed " << seed << " rate " << rate);
+}
+
+// Sees every hint (and passes everything on to the mapping's resident experts).
+class hint_log final : public dsv41::expert_source {
+  public:
+    explicit hint_log(dsv41::expert_source& inner) : inner_(inner) {}
+    void need(int layer, std::span<const int32_t> ids) override { inner_.need(layer, ids); }
+    result<dsv41::expert_weights> get(int layer, int32_t e) override { return inner_.get(layer, e); }
+    void release(int layer, int32_t e) override { inner_.release(layer, e); }
+    int64_t max_held() const override { return inner_.max_held(); }
+    void hint(int layer, std::span<const int32_t> ids) override {
+        hints.push_back({layer, std::vector<int32_t>(ids.begin(), ids.end())});
+        inner_.hint(layer, ids);
+    }
+    std::vector<std::pair<int, std::vector<int32_t>>> hints;
+
+  private:
+    dsv41::expert_source& inner_;
+};
+
+// The accepted draft's routing is the next step's hint: after each verification the kept rows'
+// experts go to the source, layer 0's at once and each later layer's while the layer before it
+// computes (look-ahead off here, so these are the only hints); the output stays plain greedy
+// decoding's, and without the option no hint is sent.
+BOOST_AUTO_TEST_CASE(kept_rows_hint_the_next_step, *needs()) {
+    auto& m = fixture(kFx);
+    const auto prompt = prompt_ids(kFx, 40);
+    auto plain_seq = m.sequence();
+    const int32_t first = prefill(m, *plain_seq, prompt);
+    spec::ngram_drafter none;
+    std::vector<int32_t> plain;
+    BOOST_TEST_REQUIRE(spec::decode_greedy(*m.model, *plain_seq, first, 20, none, {}, plain).ok());
+    for (bool on : {true, false}) {
+        hint_log log(*m.experts);
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, log, *m.backend);
+        auto seq = mdl.new_sequence(128, 16);
+        std::vector<float> logits;
+        dsv41::forward_item item{seq.get(), prompt, false};
+        BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+        spec::oracle_drafter d(plain, 40, 0.3, int32_t(m.hp().vocab), 5);
+        spec::greedy_options o;
+        o.k = 3;
+        o.hint_kept_rows = on;
+        std::vector<int32_t> got;
+        auto st = spec::decode_greedy(mdl, *seq, first, 20, d, o, got);
+        BOOST_TEST_REQUIRE(st.ok());
+        BOOST_TEST(got == plain);
+        if (!on) {
+            BOOST_TEST(log.hints.empty());
+            continue;
+        }
+        int64_t first_layer = 0, later = 0;
+        for (const auto& [layer, ids] : log.hints) {
+            BOOST_TEST((layer >= 0 && layer < m.hp().n_layers));
+            BOOST_TEST(std::is_sorted(ids.begin(), ids.end()));
+            BOOST_TEST((std::adjacent_find(ids.begin(), ids.end()) == ids.end()));
+            // At least one row's experts, at most k + 1 rows'.
+            BOOST_TEST((int64_t(ids.size()) >= m.hp().n_active && int64_t(ids.size()) <= 4 * m.hp().n_active));
+            (layer == 0 ? first_layer : later) += 1;
+        }
+        // Every step but the last verified drafts and hints the next one (the last hints nothing
+        // that a forward would use, but is sent too when decoding goes on).
+        BOOST_TEST(first_layer >= st->target_steps - 2);
+        BOOST_TEST(later >= first_layer * (m.hp().n_layers - 1) - (m.hp().n_layers - 1));
+        BOOST_TEST_MESSAGE("hints: " << first_layer << " for layer 0, " << later << " for later layers over "
+                                     << st->target_steps << " steps");
+    }
+}
+
+namespace {
+
+// Tiers over the fixture sized in experts, or the reason they cannot start (io_uring).
+result<std::unique_ptr<tiered_experts>> tiers_of_experts(fixture_model& m, double device, double host, uint64_t draft_bytes_or_all) {
+    tier_options probe;
+    probe.device_bytes = 1 << 26, probe.host_bytes = 1 << 26;
+    auto p = tiered_experts::create(*m.files, probe);
+    if (!p) return p.err();
+    tier_options o;
+    o.device_bytes = uint64_t(device * double((*p)->device_slot_bytes()));
+    o.host_bytes = uint64_t(host * double((*p)->host_slot_bytes()));
+    o.draft_bytes = draft_bytes_or_all;
+    return tiered_experts::create(*m.files, o);
+}
+
+// Where the target's layers found their experts, and what its tiers hold, after a prefill and
+// decode steps over fixed tokens, with a DSpark draft after every step or without.
+struct target_view {
+    std::vector<spec::layer_tally> tallies;  // the target's layers
+    std::vector<storage::expert_key> device, host;
+    std::vector<storage::expert_key> draft;
+    bool operator==(const target_view& o) const {
+        if (device != o.device || host != o.host || tallies.size() != o.tallies.size()) return false;
+        for (size_t i = 0; i < tallies.size(); ++i) {
+            const auto &a = tallies[i], &b = o.tallies[i];
+            if (a.experts != b.experts || a.device != b.device || a.host != b.host || a.in_flight != b.in_flight ||
+                a.missing != b.missing)
+                return false;
+        }
+        return true;
+    }
+};
+
+target_view run_target(fixture_model& m, tiered_experts& t, bool drafting) {
+    dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, t, *m.backend);  // no look-ahead: timing-free
+    auto seq = mdl.new_sequence(128, 16);
+    const auto prompt = prompt_ids(kFx, 40);
+    std::vector<float> logits;
+    dsv41::forward_item item{seq.get(), prompt, false};
+    BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+    dsv41::draft_output d;
+    for (int32_t tok : {5, 77, 300, 12, 9, 41, 230, 3}) {
+        dsv41::forward_item step{seq.get(), {&tok, 1}, false};
+        BOOST_TEST_REQUIRE(mdl.forward({&step, 1}, logits).ok());
+        if (drafting) BOOST_TEST_REQUIRE(mdl.draft(*seq, tok, d).ok());
+    }
+    target_view v;
+    v.tallies.resize(size_t(m.hp().n_layers + m.hp().n_mtp));
+    BOOST_TEST_REQUIRE(t.layer_tallies(v.tallies));
+    v.tallies.resize(size_t(m.hp().n_layers));
+    v.device = t.resident_keys(tiered_experts::tier::device);
+    v.host = t.resident_keys(tiered_experts::tier::host);
+    v.draft = t.resident_keys(tiered_experts::tier::draft);
+    return v;
+}
+
+}  // namespace
+
+// Draft experts have a budget of their own: a run that drafts after every step leaves the
+// target's host tier and where its layers found their experts exactly as a run without
+// drafting (host tiers far smaller than the model, so the draft's experts would evict the
+// target's), the draft's experts only in their own slots; sharing the tiers (a draft budget of
+// 0), drafting does change the target's. With a device tier (whose asynchronous promotions make
+// the exact contents timing-dependent) the draft's experts still never enter the target's tiers.
+BOOST_AUTO_TEST_CASE(draft_experts_never_evict_the_targets, *needs()) {
+    auto& m = fixture(kFx);
+    for (double host : {30.0, 70.0}) {
+        auto a = tiers_of_experts(m, 0, host, tier_options::kDraftAll);
+        if (!a && a.message().rfind("io_uring unavailable", 0) == 0) {
+            BOOST_TEST_MESSAGE("skipped: " << a.message());
+            return;
+        }
+        if (!a) BOOST_FAIL(a.message());
+        auto b = tiers_of_experts(m, 0, host, tier_options::kDraftAll);
+        auto c = tiers_of_experts(m, 0, host, tier_options::kDraftAll);
+        auto shared = tiers_of_experts(m, 0, host, 0);
+        BOOST_TEST_REQUIRE((b.ok() && c.ok() && shared.ok()));
+        BOOST_TEST((*a)->draft_slots() == uint32_t(m.hp().n_mtp * m.hp().dspark_n_experts));
+        BOOST_TEST((*shared)->draft_slots() == 0u);
+        const auto plain = run_target(m, **a, false);
+        const auto plain_again = run_target(m, **b, false);
+        BOOST_TEST_REQUIRE((plain == plain_again), "the tiers' bookkeeping is deterministic here");
+        const auto drafted = run_target(m, **c, true);
+        BOOST_TEST((drafted == plain), "host " << host << ": drafting changed the target's tiers");
+        BOOST_TEST(!drafted.draft.empty());
+        for (auto k : drafted.draft) BOOST_TEST(int(storage::key_layer(k)) >= m.hp().n_layers);
+        for (auto k : drafted.host) BOOST_TEST(int(storage::key_layer(k)) < m.hp().n_layers);
+        BOOST_TEST((*c)->counters().draft_hits > 0u);
+        const auto sharing = run_target(m, **shared, true);
+        BOOST_TEST(!(sharing == plain), "host " << host << ": a shared budget should show the draft's evictions");
+        uint64_t shared_missing = 0, plain_missing = 0;
+        for (size_t L = 0; L < plain.tallies.size(); ++L)
+            shared_missing += sharing.tallies[L].missing, plain_missing += plain.tallies[L].missing;
+        BOOST_TEST_MESSAGE("host " << host << " experts: the target's misses " << plain_missing
+                                   << " with the draft's own budget (as without drafting), " << shared_missing
+                                   << " sharing the tiers");
+    }
+    auto d = tiers_of_experts(m, 12, 30, tier_options::kDraftAll);
+    if (!d) BOOST_FAIL(d.message());
+    const auto v = run_target(m, **d, true);
+    BOOST_TEST(!v.draft.empty());
+    for (auto k : v.device) BOOST_TEST(int(storage::key_layer(k)) < m.hp().n_layers);
+    for (auto k : v.host) BOOST_TEST(int(storage::key_layer(k)) < m.hp().n_layers);
+}
+
+// The step recorder's union from the tiers' tallies is the model's own union, layer by layer,
+// and where the experts were adds up to it; the bits are the resident model's.
+BOOST_AUTO_TEST_CASE(recorded_union_is_the_models, *needs()) {
+    auto& m = fixture(kFx);
+    auto t = tiers_of_experts(m, 4, 30, tier_options::kDraftAll);
+    if (!t && t.message().rfind("io_uring unavailable", 0) == 0) return;
+    if (!t) BOOST_FAIL(t.message());
+    dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, **t, *m.backend);
+    auto o = mdl.options();
+    o.lookahead = true;
+    mdl.set_options(o);
+    const auto prompt = prompt_ids(kFx, 40);
+    auto plain_seq = m.sequence();
+    const int32_t first = prefill(m, *plain_seq, prompt);
+    spec::ngram_drafter none;
+    std::vector<int32_t> plain;
+    BOOST_TEST_REQUIRE(spec::decode_greedy(*m.model, *plain_seq, first, 16, none, {}, plain).ok());
+    auto seq = mdl.new_sequence(128, 16);
+    std::vector<float> logits;
+    dsv41::forward_item item{seq.get(), prompt, false};
+    BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+    spec::oracle_drafter d(plain, 40, 0.2, int32_t(m.hp().vocab), 9);
+    tiered_experts* tiers = t->get();
+    spec::step_recorder rec(m.hp().n_layers, [tiers](std::span<spec::layer_tally> out) { return tiers->layer_tallies(out); });
+    spec::draft_policy pol(5, spec::shape_of(m.hp()));
+    spec::greedy_options go;
+    go.k = 4;
+    go.recorder = &rec;
+    go.policy = &pol;
+    std::vector<int32_t> got;
+    auto st = spec::decode_greedy(mdl, *seq, first, 16, d, go, got);
+    BOOST_TEST_REQUIRE(st.ok());
+    BOOST_TEST(got == plain);
+    // The last step: per layer, the tallies' union is the model's.
+    const auto& last = rec.last();
+    BOOST_TEST(last.residency_known);
+    BOOST_TEST(last.experts == mdl.last_forward_experts());
+    for (int L = 0; L < m.hp().n_layers; ++L)
+        BOOST_TEST(int64_t(rec.last_layers()[size_t(L)].experts) == mdl.last_forward_layer_experts(L));
+    BOOST_TEST(last.device + last.host + last.in_flight + last.missing == last.experts);
+    int64_t steps = 0;
+    for (const auto& k : rec.by_k()) {
+        steps += k.steps;
+        BOOST_TEST(k.device + k.host + k.in_flight + k.missing == k.experts);
+    }
+    BOOST_TEST(steps == st->target_steps);
+    BOOST_TEST(pol.expected_union(1) > 0);
+    BOOST_TEST_MESSAGE("policy: union of 1/3/6 rows " << pol.expected_union(1) << "/" << pol.expected_union(3) << "/"
+                                                      << pol.expected_union(6) << ", not resident "
+                                                      << pol.not_resident_share());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
