@@ -9,17 +9,11 @@
 #include <vector>
 
 #include "config/assert.h"
+#include "model/cuda/cuda_check.h"
 
 namespace moestream::cuda {
 namespace {
 
-// A failed call on an established stream is a bug or a dead device (as in cuda_backend.cpp).
-void check(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return;
-    std::fprintf(stderr, "moestream: CUDA error in %s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    std::fflush(stderr);
-    std::abort();
-}
 
 class cuda_copy_stream final : public copy_stream {
   public:

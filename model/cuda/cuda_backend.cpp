@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/assert.h"
+#include "model/cuda/cuda_check.h"
 #include "model/cuda/copy_stream.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/moe_kernels.h"
@@ -24,14 +25,6 @@
 namespace moestream::cuda {
 namespace {
 
-// A CUDA error inside an op is a bug or a dead device: say which call failed and stop (ops
-// return nothing; expected failures, such as running out of memory in allocate(), are values).
-void check(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return;
-    std::fprintf(stderr, "moestream: CUDA error in %s: %s (%s)\n", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    std::fflush(stderr);
-    std::abort();
-}
 
 std::string gib(size_t bytes) {
     char buf[32];

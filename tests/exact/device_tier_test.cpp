@@ -4,8 +4,6 @@
 // already on their way), slots reused only once their copy completed, completions held back,
 // errors, and the forward suspended (not blocking) meanwhile. tests/cuda/device_tier_test.cpp
 // runs the same on the GPU, where the copies are asynchronous.
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <future>
@@ -13,7 +11,7 @@
 
 #include "../common/test_support.h"
 #include "device_tier_support.h"
-#include "scheduler/asio_task.h"
+#include "ticking_forward.h"
 
 namespace moestream::test {
 namespace {
@@ -175,7 +173,6 @@ BOOST_AUTO_TEST_CASE(a_read_error_fails_the_forward_and_the_next_one_reads_again
 // While the host tier holds a read back, the forward is suspended in the device tier and its
 // executor's one thread runs other handlers (a ticker on the same io_context keeps ticking).
 BOOST_AUTO_TEST_CASE(the_forward_is_suspended_while_the_device_tier_waits, *needs()) {
-    namespace asio = boost::asio;
     using clock = std::chrono::steady_clock;
     auto& m = fixture(kTierFx);
     const auto tokens = prompt_ids(kTierFx, 40);
@@ -203,30 +200,14 @@ BOOST_AUTO_TEST_CASE(the_forward_is_suspended_while_the_device_tier_waits, *need
     cpu_backend be(1);
     auto d = device_experts::create(be, *m.files, 1, false, t->get());
     BOOST_TEST_REQUIRE(d.ok(), (d.ok() ? std::string() : d.message()));
-    asio::io_context io(1);
-    asio_coro_executor ex(io.get_executor());
     dsv41::model mdl(m.hp(), m.files->weights, nullptr, **d, be);
     auto seq = mdl.new_sequence(128, 16);
     dsv41::forward_item item{seq.get(), tokens, true};
     std::vector<float> logits;
-    std::optional<status> outcome;
-    int64_t ended_us = -1;
-    coro::start(mdl.forward_async({&item, 1}, logits, ex), ex, [&](status st) {
-        outcome = std::move(st);
-        ended_us = since_start_us();
-    });
-    std::vector<int64_t> ticks;
-    asio::steady_timer ticker(io);
-    std::function<void()> tick = [&] {
-        ticker.expires_after(std::chrono::milliseconds(5));
-        ticker.async_wait([&](const boost::system::error_code&) {
-            if (outcome) return;
-            ticks.push_back(since_start_us());
-            tick();
-        });
-    };
-    tick();
-    io.run_for(std::chrono::minutes(2));
+    const auto run = run_forward_ticking(mdl, item, logits, since_start_us);
+    const auto& outcome = run.outcome;
+    const auto& ticks = run.ticks;
+    const int64_t ended_us = run.ended_us;
     BOOST_TEST_REQUIRE(outcome.has_value(), "the forward did not end");
     BOOST_TEST_REQUIRE(outcome->ok(), (outcome->ok() ? std::string() : outcome->message()));
     BOOST_TEST(same_bits(logits, reference));

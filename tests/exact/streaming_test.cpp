@@ -10,10 +10,8 @@
 
 #include "../common/test_support.h"
 #include "fixture_model.h"
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
+#include "ticking_forward.h"
 
-#include "scheduler/asio_task.h"
 #include "scheduler/engram_stream.h"
 #include "scheduler/tiered_experts.h"
 
@@ -377,7 +375,6 @@ BOOST_AUTO_TEST_CASE(eight_sequences_through_one_slot_tiers_with_random_delays, 
 // on the same single-threaded io_context must tick while a read of layer 0 is held for 300 ms,
 // before the forward ends; the bits are the resident model's and nothing blocked.
 BOOST_AUTO_TEST_CASE(the_executor_runs_other_work_while_a_read_is_held_back, *needs()) {
-    namespace asio = boost::asio;
     using clock = std::chrono::steady_clock;
     auto& m = fixture(kFx);
     const auto tokens = prompt40();
@@ -405,32 +402,16 @@ BOOST_AUTO_TEST_CASE(the_executor_runs_other_work_while_a_read_is_held_back, *ne
             return 300'000;  // each of its parts' completions (and its promotion's)
         });
         if (skip_without_io_uring(t)) return;
-        asio::io_context io(1);
-        asio_coro_executor ex(io.get_executor());
         cpu_backend be(1);
         dsv41::model mdl(m.hp(), m.files->weights, nullptr, **t, be);
         auto seq = mdl.new_sequence(128, 16);
         dsv41::forward_item item{seq.get(), tokens, true};
         std::vector<float> logits;
-        std::optional<status> outcome;
-        int64_t ended_us = -1;
-        coro::start(mdl.forward_async({&item, 1}, logits, ex), ex, [&](status st) {
-            outcome = std::move(st);
-            ended_us = since_start_us();
-        });
         // Ticks on the same thread, every 5 ms, until the forward ends.
-        std::vector<int64_t> ticks;
-        asio::steady_timer ticker(io);
-        std::function<void()> tick = [&] {
-            ticker.expires_after(std::chrono::milliseconds(5));
-            ticker.async_wait([&](const boost::system::error_code&) {
-                if (outcome) return;
-                ticks.push_back(since_start_us());
-                tick();
-            });
-        };
-        tick();
-        io.run_for(std::chrono::minutes(2));
+        const auto run = run_forward_ticking(mdl, item, logits, since_start_us);
+        const auto& outcome = run.outcome;
+        const auto& ticks = run.ticks;
+        const int64_t ended_us = run.ended_us;
         BOOST_TEST_REQUIRE(outcome.has_value(), "the forward did not end");
         BOOST_TEST_REQUIRE(outcome->ok(), (outcome->ok() ? std::string() : outcome->message()));
         BOOST_TEST(same_bits(logits, reference), "device " << device);

@@ -1,0 +1,50 @@
+// A forward run as a coroutine on a one-thread io_context that also ticks a timer every 5 ms
+// until the forward ends: ticks taken while the forward awaited an expert show that no thread
+// blocked (the streaming and device-tier tests of issue 15).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "config/result.h"
+#include "model/arch/deepseek41.h"
+#include "scheduler/asio_task.h"
+
+namespace moestream::test {
+
+struct ticking_run {
+    std::optional<status> outcome;  // empty: the forward did not end within two minutes
+    std::vector<int64_t> ticks;     // when each tick ran (since_start_us)
+    int64_t ended_us = -1;          // when the forward ended
+};
+
+inline ticking_run run_forward_ticking(dsv41::model& mdl, dsv41::forward_item& item, std::vector<float>& logits,
+                                       const std::function<int64_t()>& since_start_us) {
+    namespace asio = boost::asio;
+    ticking_run r;
+    asio::io_context io(1);
+    asio_coro_executor ex(io.get_executor());
+    coro::start(mdl.forward_async({&item, 1}, logits, ex), ex, [&](status st) {
+        r.outcome = std::move(st);
+        r.ended_us = since_start_us();
+    });
+    asio::steady_timer ticker(io);
+    std::function<void()> tick = [&] {
+        ticker.expires_after(std::chrono::milliseconds(5));
+        ticker.async_wait([&](const boost::system::error_code&) {
+            if (r.outcome) return;
+            r.ticks.push_back(since_start_us());
+            tick();
+        });
+    };
+    tick();
+    io.run_for(std::chrono::minutes(2));
+    return r;
+}
+
+}  // namespace moestream::test
