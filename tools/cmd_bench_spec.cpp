@@ -191,6 +191,7 @@ int run(const cli::args& a) {
         int best_k;
     };
     std::vector<verdict_case> cases;
+    std::vector<double> plain_spread;  // (max - min) / median of plain decoding's rounds, per kind and phase
     for (const content_kind* kind : kinds) {
         std::vector<int32_t> prompt;
         if (tok) {
@@ -259,6 +260,11 @@ int run(const cli::args& a) {
             std::printf("%-14s %-5s %9s %17s %7s %9s %10s  %s\n", "drafter", "k", "tok/s", "range", "ratio", "accepted",
                         "steps/tok", "experts per layer / not resident, by k drafted");
             const double base = median(fig[size_t(phase)][0].tps);
+            {
+                const auto& p = fig[size_t(phase)][0].tps;
+                const auto [lo, hi] = std::minmax_element(p.begin(), p.end());
+                if (base > 0) plain_spread.push_back((*hi - *lo) / base);
+            }
             for (size_t ci = 0; ci < configs.size(); ++ci) {
                 const auto& f = fig[size_t(phase)][ci];
                 const config& c = configs[ci];
@@ -308,6 +314,11 @@ int run(const cli::args& a) {
         if (!worst_best || of_best(c) < of_best(*worst_best)) worst_best = &c;
     }
     const bool pass = plain_ok == int(cases.size()) && best_ok == int(cases.size());
+    // How far the same work moves from round to round here: read the ratios against it (the best
+    // of five fixed lengths is also the largest of five noisy medians).
+    std::printf("noise: plain decoding's own range over the rounds is %.0f%% of its median (median over the %zu "
+                "kind/content pairs)\n",
+                100.0 * median(plain_spread), plain_spread.size());
     std::printf("bench spec verdict: %s | adaptive >= 0.97x plain in %d of %zu cases (worst %.3f, %s) | adaptive >= "
                 "the best fixed k in %d of %zu (worst %.3f of it, %s)\n",
                 pass ? "PASS" : "FAIL", plain_ok, cases.size(), worst_plain ? worst_plain->ratio : 0.0,
