@@ -14,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/websocket/rfc6455.hpp>
+#include <functional>
 #include <mutex>
 #include <spdlog/spdlog.h>
 #include <thread>
@@ -89,9 +90,11 @@ namespace {
 
 class http_responder final : public responder {
   public:
+    // `count` records the request in /metrics; it is called before the response's last bytes are
+    // written, so a client that has read a response always finds it counted.
     http_responder(beast::tcp_stream& s, const http::request<http::string_body>& req, const http_options& o,
-                   std::vector<std::pair<std::string, std::string>> extra)
-        : stream_(s), req_(req), opts_(o), extra_(std::move(extra)) {}
+                   std::vector<std::pair<std::string, std::string>> extra, std::function<void(int)> count)
+        : stream_(s), req_(req), opts_(o), extra_(std::move(extra)), count_(std::move(count)) {}
 
     asio::awaitable<void> send(http_response r) override {
         http::response<http::string_body> res{http::status(r.status), req_.version()};
@@ -103,6 +106,7 @@ class http_responder final : public responder {
         res.body() = std::move(r.body);
         res.prepare_payload();
         status_ = r.status;
+        count_once(r.status);
         stream_.expires_after(opts_.write_timeout);
         co_await http::async_write(stream_, res, asio::use_awaitable);
         keep_alive_ = res.keep_alive();
@@ -136,19 +140,27 @@ class http_responder final : public responder {
     }
 
     asio::awaitable<void> stream_end() override {
+        count_once(status_);
         stream_.expires_after(opts_.write_timeout);
         if (chunked_) co_await asio::async_write(stream_, http::make_chunk_last(), asio::use_awaitable);
     }
 
     bool keep_alive() const { return keep_alive_; }
     int status() const { return status_; }
+    // Counts the request unless its response already was (a stream cut before its end, a peer gone).
+    void count_once(int status) {
+        if (counted_) return;
+        counted_ = true;
+        count_(status);
+    }
 
   private:
     beast::tcp_stream& stream_;
     const http::request<http::string_body>& req_;
     const http_options& opts_;
     std::vector<std::pair<std::string, std::string>> extra_;
-    bool streaming_ = false, chunked_ = true, keep_alive_ = false;
+    std::function<void(int)> count_;
+    bool streaming_ = false, chunked_ = true, keep_alive_ = false, counted_ = false;
     int status_ = 0;
 };
 
@@ -377,7 +389,9 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
             co_return;
         }
 
-        http_responder out(stream, req, opts, extra);
+        http_responder out(stream, req, opts, extra, [metrics = api.metrics(), path, method = std::string(req.method_string())](int status) {
+            metrics->count_http(path, method, status);
+        });
         api_request ar;
         ar.method = req.method_string();
         ar.path = path;
@@ -388,7 +402,7 @@ asio::awaitable<void> http_server::impl::session(std::shared_ptr<connection> c) 
         // the generation) at once, even while nothing is being written.
         auto raced = co_await (api.handle(ar, out) || watch_peer(stream.socket()));
         const bool peer_gone = raced.index() == 1;
-        api.metrics()->count_http(path, std::string(req.method_string()), peer_gone ? 499 : out.status());
+        out.count_once(peer_gone ? 499 : out.status());
         if (peer_gone || !out.keep_alive()) {
             boost::system::error_code ignored;
             stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
