@@ -228,8 +228,9 @@ asio::awaitable<void> engine::step_loop() {
         }
         // One forward over every running sequence: a prompt chunk, or the last sampled token and
         // its drafts. Speculation: one draft length for the step (scheduler/engine_spec.h), and
-        // each decoding sequence's drafts, proposed on the compute thread (the DSpark head runs
-        // the model there).
+        // each decoding sequence's drafts, proposed by a coroutine on the compute executor (the
+        // DSpark head runs the model there and, like the forward, is suspended while it awaits
+        // experts: no thread waits for a draft's reads).
         const auto step_start = steady::now();
         bool any_prompt = false;
         std::vector<active*> drafting;
@@ -250,13 +251,14 @@ asio::awaitable<void> engine::step_loop() {
         double draft_s = 0;
         if (step_k > 0) {
             const auto draft_start = steady::now();
-            co_await asio::co_spawn(
-                compute_,
-                [&]() -> asio::awaitable<void> {
-                    for (active* a : drafting) draft(*a, step_k);
-                    co_return;
-                },
-                asio::use_awaitable);
+            for (active* a : drafting) {
+                const int want = draft_room(*a, step_k);
+                if (want <= 0) continue;
+                const int64_t failures = a->drafter->failures();
+                const auto drafts =
+                    co_await run_task(a->drafter->propose_async(a->context, want, compute_exec_), compute_exec_);
+                take_drafts(*a, drafts, want, failures);
+            }
             draft_s = seconds(steady::now() - draft_start);
         }
         std::vector<dsv41::forward_item> items;

@@ -205,11 +205,14 @@ class engine {
     void finish(active& a, std::string reason, bool keep_state);
     void stamp(const active& a, token_event& e) const;
     // Speculation (engine_rows.cpp): a decoding sequence's drafts for a step of at most k, after
-    // its `next` in a.rows (on the compute thread); then the sampling of its rows from `row0` of
-    // the logits (`drafts` after the first; `batch_row`: the first's row in the forward's batch),
-    // each token delivered as it stands, the rows after them rolled back. The finish reason, or
-    // empty while it goes on.
-    void draft(active& a, int k);
+    // its `next` in a.rows: draft_room() says how many it may take (and sets a.context), the
+    // drafter proposes them as a coroutine on the compute executor (the DSpark head suspends
+    // while its experts are on their way), take_drafts() keeps the valid ones. Then the sampling
+    // of its rows from `row0` of the logits (`drafts` after the first; `batch_row`: the first's
+    // row in the forward's batch), each token delivered as it stands, the rows after them rolled
+    // back. The finish reason, or empty while it goes on.
+    int draft_room(active& a, int k);
+    void take_drafts(active& a, const std::vector<int32_t>& drafts, int want, int64_t failures_before);
     std::string sample_rows(active& a, const std::vector<float>& logits, size_t row0, int64_t batch_row,
                             int64_t drafts);
 

@@ -26,21 +26,23 @@ bool constrain_row(const token_constraint& c, std::span<const float> row, std::v
 
 }  // namespace
 
-void engine::draft(active& a, int k) {
+int engine::draft_room(active& a, int k) {
     // The tokens it may still emit (max_tokens, the context): the walk yields one more than the
     // drafts, so none of them reaches the end plain decoding would stop at.
     const int64_t left_in_context = opts_.context_tokens - a.prompt_done - a.generated;
     const int64_t left = a.req.max_tokens > 0 ? std::min(left_in_context, a.req.max_tokens - a.generated) : left_in_context;
     const int want = spec::draft_room(std::min<int64_t>(k, a.spec_cap), left, a.seq->capacity() - a.seq->size() - 1);
-    if (want <= 0) return;
+    if (want <= 0) return 0;
     a.context.assign(a.seq->tokens().begin(), a.seq->tokens().end());
     a.context.push_back(a.next);
-    const int64_t failures = a.drafter->failures();
-    const auto d = a.drafter->propose(a.context, want);
+    return want;
+}
+
+void engine::take_drafts(active& a, const std::vector<int32_t>& d, int want, int64_t failures_before) {
     // A token outside the vocabulary would fail everyone's forward: the drafts end before it.
     for (size_t i = 0; i < d.size() && int64_t(i) < want && d[i] >= 0 && d[i] < model_.hp().vocab; ++i)
         a.rows.push_back(d[i]);
-    if (const int64_t f = a.drafter->failures() - failures; f > 0) {
+    if (const int64_t f = a.drafter->failures() - failures_before; f > 0) {
         std::lock_guard lock(stats_mu_);
         stats_.spec_failures += uint64_t(f);
     }

@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [pdl] [modes] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [pdl] [modes] [spec] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -99,6 +99,16 @@ if [[ $what == *modes* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
       -n 64 --graphs on > "$OUT/decode_${preset}_onegraph.log" 2>&1
     summary+=("bench decode $preset one graph a step exit $?: $(grep -E 'GPU|a step' "$OUT/decode_${preset}_onegraph.log" | tr '\n' ' ')")
   done
+fi
+if [[ $what == *spec* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # Speculative decoding against plain decoding on the GPU, streamed with the published budget
+  # proportions (docs/benchmarks.md has the CPU run of the same command).
+  p=${SPEC_PRESET:-mini-lite}
+  [[ -f /tmp/$p-draft.gguf ]] || "$BIN" forge --preset $p --out /tmp/$p.gguf --draft-out /tmp/$p-draft.gguf --seed 1 > /dev/null 2>&1
+  timeout ${SPEC_TIMEOUT:-400} stdbuf -oL "$BIN" bench spec --backend cuda --model /tmp/$p.gguf --draft /tmp/$p-draft.gguf \
+    --device-cache ${SPEC_DEVICE_CACHE:-0.4} --host-cache ${SPEC_HOST_CACHE:-1.6} -n ${SPEC_N:-32} --rounds ${SPEC_ROUNDS:-3} \
+    ${SPEC_ARGS:-} > "$OUT/bench_spec_$p.log" 2>&1
+  summary+=("bench spec $p exit $?: $(grep -E 'verdict|noise' "$OUT/bench_spec_$p.log" | tr '\n' ' ')")
 fi
 if [[ $what == *profile* && -n ${MOESTREAM_DEPS_DIR:-} ]] && command -v ncu > /dev/null; then
   # Each kernel's device time (ncu, kernels one by one, so no launch gaps) in decode steps with

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "model/coro.h"
+
 namespace moestream::spec {
 
 class drafter {
@@ -18,6 +20,14 @@ class drafter {
     // Up to k tokens to follow `context` (every committed token, the prompt included, and the
     // token the next forward feeds last). Fewer (or none) when it has nothing to say.
     virtual std::vector<int32_t> propose(std::span<const int32_t> context, int k) = 0;
+    // propose() as a coroutine that continues on `ex` after every wait, so a drafter that runs
+    // the model (the DSpark head, whose experts may be on their way from disk) suspends instead
+    // of holding the thread (the engine's drafts, issue 15). One that never waits answers at once.
+    virtual coro::task<std::vector<int32_t>> propose_async(std::span<const int32_t> context, int k,
+                                                          coro::executor& ex) {
+        (void)ex;
+        co_return propose(context, k);
+    }
     // Proposals that failed (an error, so nothing was proposed) so far; decoding goes on without
     // drafts, which changes no token.
     virtual int64_t failures() const { return 0; }

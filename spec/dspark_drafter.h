@@ -13,7 +13,10 @@ class dspark_drafter final : public drafter {
   public:
     dspark_drafter(dsv41::model& m, const dsv41::sequence_state& seq) : m_(m), seq_(seq) {}
     std::string name() const override { return "dspark"; }
+    // propose_async() run to completion on the calling thread.
     std::vector<int32_t> propose(std::span<const int32_t> context, int k) override;
+    coro::task<std::vector<int32_t>> propose_async(std::span<const int32_t> context, int k,
+                                                  coro::executor& ex) override;
     // Set when a draft could not be made (the error of model::draft), else empty.
     const std::string& error() const { return error_; }
     int64_t failures() const override { return failures_; }

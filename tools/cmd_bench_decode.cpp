@@ -227,7 +227,7 @@ int run(const cli::args& a) {
         if (pass == 0) std::printf("raw O_DIRECT read bandwidth of the file (same depth/chunk): %.2f GB/s\n", raw / 1e9);
         std::printf("io mode %s (%u device slots, %u host slots):\n",
                     pass == 0 ? "coroutine + look-ahead" : pass == 1 ? "coroutine, no look-ahead" : "remap-sync",
-                    s.streamed->device_slots(), s.streamed->host_slots());
+                    s.device_slot_count(), s.streamed->host_slots());
         double cold_tps = 0, warm_tps = 0, bytes_per_token = 0;
         for (const auto& p : prompts) {
             auto ids = tok->encode(p, false);

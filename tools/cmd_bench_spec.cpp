@@ -168,7 +168,7 @@ int run(const cli::args& a) {
     std::printf("bench spec: %s%s%s on %s | tiers: %u device, %u host, %u draft slots | %lld tokens decoded, %lld "
                 "rounds, greedy\n",
                 cfg->model.path.c_str(), with_draft ? " + draft " : "", with_draft ? cfg->model.draft_path.c_str() : "",
-                s.backend_line().c_str(), s.streamed ? s.streamed->device_slots() : 0u,
+                s.backend_line().c_str(), s.device_slot_count(),
                 s.streamed ? s.streamed->host_slots() : 0u, s.streamed ? s.streamed->draft_slots() : 0u,
                 static_cast<long long>(*n), static_cast<long long>(*rounds));
     std::printf("new: the tiers emptied before the run (every expert from disk); repeated: the same prompt again at "

@@ -153,7 +153,7 @@ int run(const cli::args& a) {
         spdlog::info("speculative decoding: drafter {}, k {}", eo.spec.drafter,
                      eo.spec.adaptive ? "auto (up to " + std::to_string(eo.spec.k) + ")" : std::to_string(eo.spec.k));
     if (s.streamed)
-        spdlog::info("expert tiers: {} device slots, {} host slots{}", s.streamed->device_slots(),
+        spdlog::info("expert tiers: {} device slots, {} host slots{}", s.device_slot_count(),
                      s.streamed->host_slots(),
                      cfg->cache.host_cache_gib == cache_settings::k_auto
                          ? " (host tier auto: " + std::to_string(int(cfg->cache.host_cache_share * 100)) +

@@ -35,7 +35,7 @@ void model_session::print_streaming_stats() const {
                  static_cast<unsigned long long>(k.demands), static_cast<unsigned long long>(k.device_hits),
                  static_cast<unsigned long long>(k.host_hits), static_cast<unsigned long long>(k.joins),
                  static_cast<unsigned long long>(k.disk_reads), double(k.disk_bytes) / 1e6, io.bandwidth() / 1e9,
-                 io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, streamed->device_slots(),
+                 io.time_mean_in_flight, io.max_in_flight, k.wait_seconds, device_slot_count(),
                  streamed->host_slots(), streamed->draft_slots(), static_cast<unsigned long long>(k.draft_hits),
                  static_cast<unsigned long long>(k.hint_reads),
                  static_cast<unsigned long long>(k.hint_used), streamed->notes().empty() ? "" : "; ",

@@ -43,6 +43,12 @@ struct model_session {
         if (device) return device->draft ? &*device->draft : nullptr;
         return files->draft ? &*files->draft : nullptr;
     }
+    // Experts the device tier holds: the VRAM slots on a device backend, the streamed tiers'
+    // device slots on the CPU (where the tiered_experts' own device tier is empty on CUDA).
+    uint32_t device_slot_count() const {
+        if (slots) return uint32_t(slots->slots());
+        return streamed ? streamed->device_slots() : 0u;
+    }
     // "cuda (NVIDIA H200, sm_90, 132 SMs, 139.8 GiB)" / "cpu (16 threads, kernels avx512)".
     std::string backend_line() const;
     // One line of expert-tier accounting (to stderr), when the experts are streamed.

@@ -9,11 +9,13 @@
 #include <cstdio>
 
 #include "../common/test_support.h"
+#include "device_tier_support.h"
 #include "fixture_model.h"
 #include "ticking_forward.h"
 
 #include "scheduler/engram_stream.h"
 #include "scheduler/tiered_experts.h"
+#include "spec/dspark_drafter.h"
 
 namespace moestream::test {
 namespace {
@@ -67,18 +69,6 @@ result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_ex
 }
 
 auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
-
-// True (the test is skipped, with a message) when the tiers could not start because io_uring is
-// unavailable here; any other error fails the test.
-bool skip_without_io_uring(const result<std::unique_ptr<tiered_experts>>& t) {
-    if (t) return false;
-    if (t.message().rfind("io_uring unavailable", 0) == 0) {
-        BOOST_TEST_MESSAGE("skipped: " << t.message());
-        return true;
-    }
-    BOOST_FAIL(t.message());
-    return true;
-}
 
 tier_options budgets(uint64_t device, uint64_t host, std::string policy) {
     tier_options o;
@@ -423,6 +413,85 @@ BOOST_AUTO_TEST_CASE(the_executor_runs_other_work_while_a_read_is_held_back, *ne
         const auto during = std::count_if(ticks.begin(), ticks.end(), [&](int64_t at) { return at > held && at < ended_us; });
         BOOST_TEST_MESSAGE("device " << device << ": " << during << " ticks while a read of layer 0 was held ("
                                      << ticks.size() << " in all), waited " << k.wait_seconds << " s");
+        BOOST_TEST(during >= 10);  // 300 ms held, a tick every 5 ms: about 60 when nothing blocks
+    }
+}
+
+// The DSpark head as the engine drafts (dspark_drafter::propose_async on the compute executor):
+// while the reads of one of its experts are held back, the executor goes on with other work (no
+// thread waits for the draft's experts), and the drafts are those of the head with every expert
+// resident, with the draft's own slots and with the draft sharing the target's tiers.
+BOOST_AUTO_TEST_CASE(the_draft_head_awaits_its_experts_without_blocking, *needs()) {
+    using clock = std::chrono::steady_clock;
+    auto& m = fixture(kFx);
+    const auto tokens = prompt40();
+    const int n_layers = m.hp().n_layers;
+    std::vector<int32_t> context(tokens.begin(), tokens.end());
+    context.push_back(9);  // the token the next forward feeds
+    const int k = m.hp().dspark_block_size;
+    std::vector<int32_t> reference;
+    {
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, *m.experts, *m.backend);
+        auto seq = mdl.new_sequence(128, 16);
+        dsv41::forward_item item{seq.get(), tokens, false};
+        std::vector<float> logits;
+        BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+        spec::dspark_drafter d(mdl, *seq);
+        reference = d.propose(context, k);
+        BOOST_TEST_REQUIRE(d.failures() == 0);
+        BOOST_TEST_REQUIRE(int(reference.size()) == k);
+    }
+    const auto start = clock::now();
+    const auto since_start_us = [&] {
+        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
+    };
+    for (const bool own_slots : {true, false}) {
+        std::atomic<bool> holding{false};
+        std::atomic<int64_t> held_at_us{-1};
+        std::atomic<int32_t> held_expert{-1};  // the first draft-stage expert whose read completes
+        auto probe = tiered_experts::create(*m.files, budgets(1 << 26, 1 << 26));
+        BOOST_TEST_REQUIRE(probe.ok());
+        tier_options o = budgets(0, 3 * (*probe)->host_slot_bytes());
+        o.io.depth = 8;
+        o.io.chunk_bytes = 1 << 20;
+        if (!own_slots) o.draft_bytes = 0;
+        o.inject_delay_us = [&](int layer, int32_t expert) -> uint32_t {
+            if (!holding || layer < n_layers) return 0;
+            int32_t none = -1;
+            if (!held_expert.compare_exchange_strong(none, expert) && none != expert) return 0;
+            int64_t never = -1;
+            held_at_us.compare_exchange_strong(never, since_start_us());
+            return 300'000;
+        };
+        auto t = tiered_experts::create(*m.files, o);
+        if (skip_without_io_uring(t)) return;
+        cpu_backend be(1);
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, **t, be);
+        auto seq = mdl.new_sequence(128, 16);
+        dsv41::forward_item item{seq.get(), tokens, false};
+        std::vector<float> logits;
+        BOOST_TEST_REQUIRE(mdl.forward({&item, 1}, logits).ok());
+        (*t)->forget_resident();  // the draft's experts come from disk, one of them held back
+        holding = true;
+        spec::dspark_drafter d(mdl, *seq);
+        std::vector<int32_t> drafts;
+        const auto run = run_ticking(
+            [&](coro::executor& ex) -> coro::task<status> {
+                drafts = co_await d.propose_async(context, k, ex);
+                co_return status{};
+            },
+            since_start_us);
+        BOOST_TEST_REQUIRE(run.outcome.has_value(), "the draft did not end");
+        BOOST_TEST(d.failures() == 0, d.error());
+        BOOST_TEST(drafts == reference, "own draft slots " << own_slots);
+        const auto c = (*t)->counters();
+        BOOST_TEST(c.blocking_waits == 0u);
+        const int64_t held = held_at_us.load();
+        BOOST_TEST_REQUIRE(held >= 0, "no draft expert was read");
+        const auto during =
+            std::count_if(run.ticks.begin(), run.ticks.end(), [&](int64_t at) { return at > held && at < run.ended_us; });
+        BOOST_TEST_MESSAGE("own draft slots " << own_slots << ": " << during << " ticks while a draft expert's read was held ("
+                                              << run.ticks.size() << " in all), waited " << c.wait_seconds << " s");
         BOOST_TEST(during >= 10);  // 300 ms held, a tick every 5 ms: about 60 when nothing blocks
     }
 }

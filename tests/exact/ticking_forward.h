@@ -1,6 +1,6 @@
-// A forward run as a coroutine on a one-thread io_context that also ticks a timer every 5 ms
-// until the forward ends: ticks taken while the forward awaited an expert show that no thread
-// blocked (the streaming and device-tier tests of issue 15).
+// A forward (or any coroutine of the model: a DSpark draft) run on a one-thread io_context that
+// also ticks a timer every 5 ms until it ends: ticks taken while it awaited an expert show that
+// no thread blocked (the streaming and device-tier tests of issue 15).
 #pragma once
 
 #include <boost/asio/io_context.hpp>
@@ -23,13 +23,14 @@ struct ticking_run {
     int64_t ended_us = -1;          // when the forward ended
 };
 
-inline ticking_run run_forward_ticking(dsv41::model& mdl, dsv41::forward_item& item, std::vector<float>& logits,
-                                       const std::function<int64_t()>& since_start_us) {
+// `make(ex)` returns the task, which runs on (and continues on) ex.
+inline ticking_run run_ticking(const std::function<coro::task<status>(coro::executor&)>& make,
+                               const std::function<int64_t()>& since_start_us) {
     namespace asio = boost::asio;
     ticking_run r;
     asio::io_context io(1);
     asio_coro_executor ex(io.get_executor());
-    coro::start(mdl.forward_async({&item, 1}, logits, ex), ex, [&](status st) {
+    coro::start(make(ex), ex, [&](status st) {
         r.outcome = std::move(st);
         r.ended_us = since_start_us();
     });
@@ -45,6 +46,11 @@ inline ticking_run run_forward_ticking(dsv41::model& mdl, dsv41::forward_item& i
     tick();
     io.run_for(std::chrono::minutes(2));
     return r;
+}
+
+inline ticking_run run_forward_ticking(dsv41::model& mdl, dsv41::forward_item& item, std::vector<float>& logits,
+                                       const std::function<int64_t()>& since_start_us) {
+    return run_ticking([&](coro::executor& ex) { return mdl.forward_async({&item, 1}, logits, ex); }, since_start_us);
 }
 
 }  // namespace moestream::test
