@@ -12,7 +12,45 @@ uint64_t row_key(int engram_index, int64_t row) { return uint64_t(engram_index) 
 
 }  // namespace
 
-engram_stream::~engram_stream() { reader_.reset(); }
+engram_stream::~engram_stream() {
+    reader_.reset();
+    if (held_thread_.joinable()) {
+        {
+            std::lock_guard lock(held_mu_);
+            held_stop_ = true;
+        }
+        held_cv_.notify_all();
+        held_thread_.join();
+    }
+}
+
+void engram_stream::hold(uint64_t tag, const status& st, uint32_t us) {
+    {
+        std::lock_guard lock(held_mu_);
+        held_.push_back({std::chrono::steady_clock::now() + std::chrono::microseconds(us), tag, st});
+    }
+    held_cv_.notify_all();
+}
+
+void engram_stream::deliver_held() {
+    std::unique_lock lock(held_mu_);
+    while (!held_stop_ || !held_.empty()) {
+        if (held_.empty()) {
+            held_cv_.wait(lock);
+            continue;
+        }
+        auto next = std::min_element(held_.begin(), held_.end(), [](const auto& a, const auto& b) { return a.at < b.at; });
+        if (!held_stop_ && std::chrono::steady_clock::now() < next->at) {
+            held_cv_.wait_until(lock, next->at);
+            continue;
+        }
+        const held_completion c = *next;
+        held_.erase(next);
+        lock.unlock();
+        on_read(c.tag, c.outcome);
+        lock.lock();
+    }
+}
 
 status engram_stream::load_resident() {
     // Each table's values and scales as one read each, into their own 4 KiB-aligned spans.
@@ -49,6 +87,7 @@ status engram_stream::load_resident() {
 
 result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model& m, engram_stream_options opts) {
     std::unique_ptr<engram_stream> s(new engram_stream(opts));
+    if (s->opts_.inject_delay_us) s->held_thread_ = std::thread([self = s.get()] { self->deliver_held(); });
     const auto& hp = m.hp;
     if (opts.slots == 0) return make_error("engram staging: the arena needs at least one slot");
     if (hp.engram_head_dim + 4096 > int64_t(kWindow))
@@ -82,7 +121,11 @@ result<std::unique_ptr<engram_stream>> engram_stream::create(const loaded_model&
     std::vector<std::string> paths;
     for (size_t i = 0; i < m.target.shard_count(); ++i) paths.push_back(m.target.shard_path(uint32_t(i)));
     engram_stream* self = s.get();
-    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) { self->on_read(tag, st); });
+    auto reader = io::uring_reader::open(paths, opts.io, [self](uint64_t tag, const status& st) {
+        if (self->opts_.inject_delay_us)
+            if (const uint32_t us = self->opts_.inject_delay_us()) return self->hold(tag, st, us);
+        self->on_read(tag, st);
+    });
     if (!reader) return reader.err();
     s->reader_ = std::move(*reader);
     if (resident) {
@@ -179,6 +222,7 @@ void engram_stream::retire_window() {
 }
 
 void engram_stream::on_read(uint64_t tag, const status& st) {
+    std::vector<std::function<void()>> wake;
     {
         std::lock_guard lock(mu_);
         extent_state& x = extents_[size_t(tag)];
@@ -188,25 +232,28 @@ void engram_stream::on_read(uint64_t tag, const status& st) {
         }
         x.done = true;
         --in_flight_parts_;
+        for (size_t i = 0; i < wakers_.size();) {
+            const int64_t slot = wakers_[i].slot;
+            if (slot < 0 ? in_flight_parts_ == 0 : landed(uint32_t(slot))) {
+                wake.push_back(std::move(wakers_[i].wake));
+                wakers_.erase(wakers_.begin() + std::ptrdiff_t(i));
+            } else {
+                ++i;
+            }
+        }
     }
     arrived_.notify_all();
+    for (auto& w : wake) w();
 }
 
-result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
+int64_t engram_stream::place(std::unique_lock<std::mutex>& lock, int engram_index, int64_t row, bool may_wait) {
     const table& t = tables_[size_t(engram_index)];
-    if (t.resident_values) {
-        MS_ASSERT(row >= 0 && uint64_t(row) < t.rows);
-        std::lock_guard lock(mu_);
-        ++counters_.rows_requested;
-        return dsv41::engram_row{reinterpret_cast<const uint8_t*>(t.resident_values + uint64_t(row) * t.values.bytes),
-                                 reinterpret_cast<const uint8_t*>(t.resident_scales + uint64_t(row) * t.scales.bytes)};
-    }
-    std::unique_lock lock(mu_);
-    ++counters_.rows_requested;
     const size_t e = size_t(engram_index);
-    const size_t at = consumed_[e]++;
+    const size_t at = consumed_[e];
     const bool in_order = at < announced_[e].size() && announced_[e][at] == row;
     auto it = slot_of_.find(row_key(engram_index, row));
+    if (it == slot_of_.end() && in_order && in_flight_parts_ > 0 && !may_wait) return -1;
+    ++consumed_[e];
     uint32_t slot = 0;
     if (it != slot_of_.end()) {
         slot = it->second;
@@ -250,6 +297,52 @@ result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
         reader_->submit(batch);
         lock.lock();
     }
+    return slot;
+}
+
+bool engram_stream::row_ready(int engram_index, int64_t row, std::function<void()> wake) {
+    if (tables_[size_t(engram_index)].resident_values) return true;
+    std::unique_lock lock(mu_);
+    if (!placed_) {
+        const int64_t slot = place(lock, engram_index, row, false);
+        if (slot < 0) {  // a refill, once the window's reads have landed
+            wakers_.push_back({-1, std::move(wake)});
+            return false;
+        }
+        placed_ = placed_row{engram_index, row, uint32_t(slot), false, std::chrono::steady_clock::now()};
+    }
+    MS_ASSERT_MSG(placed_->engram_index == engram_index && placed_->row == row,
+                  "row_ready() for another row than the one it placed, before its row()");
+    if (landed(placed_->slot)) return true;
+    if (!placed_->waited) ++counters_.waits;
+    placed_->waited = true;
+    wakers_.push_back({int64_t(placed_->slot), std::move(wake)});
+    return false;
+}
+
+result<dsv41::engram_row> engram_stream::row(int engram_index, int64_t row) {
+    const table& t = tables_[size_t(engram_index)];
+    if (t.resident_values) {
+        MS_ASSERT(row >= 0 && uint64_t(row) < t.rows);
+        std::lock_guard lock(mu_);
+        ++counters_.rows_requested;
+        return dsv41::engram_row{reinterpret_cast<const uint8_t*>(t.resident_values + uint64_t(row) * t.values.bytes),
+                                 reinterpret_cast<const uint8_t*>(t.resident_scales + uint64_t(row) * t.scales.bytes)};
+    }
+    std::unique_lock lock(mu_);
+    ++counters_.rows_requested;
+    uint32_t slot = 0;
+    if (placed_) {  // row_ready() placed it (and woke the forward once it landed)
+        MS_ASSERT_MSG(placed_->engram_index == engram_index && placed_->row == row,
+                      "row() of another row than row_ready() placed");
+        slot = placed_->slot;
+        if (placed_->waited)
+            counters_.wait_seconds +=
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - placed_->since).count();
+        placed_.reset();
+    } else {
+        slot = uint32_t(place(lock, engram_index, row, true));
+    }
     const row_place& pl = places_[slot];
     const extent_state &xv = extents_[pl.value_extent], &xs = extents_[pl.scale_extent];
     if (!xv.done || !xs.done) {
@@ -269,6 +362,8 @@ void engram_stream::end_forward() {
     std::unique_lock lock(mu_);
     // The arena is reused by the next forward: every read into it must have landed.
     arrived_.wait(lock, [&] { return in_flight_parts_ == 0; });
+    MS_ASSERT_MSG(wakers_.empty(), "a forward ended while it waited for an engram row");
+    placed_.reset();  // a forward that failed after row_ready()
     retire_window();
     for (size_t e = 0; e < tables_.size(); ++e) {
         announced_[e].clear();

@@ -21,12 +21,22 @@
 // ~2 s at ~30k reads a second, its tables sequentially ~40 ms. Nothing is read of the file
 // after that (a truncated file cannot fail their rows).
 //
-// Thread safety: prefetch/row/end_forward from the compute thread; completions on the reader's.
+// The forward (a coroutine) asks row_ready() before each row(): a row on its way suspends it, and
+// the read's completion wakes it, so no thread waits for an engram read (issue 15); row() alone
+// still waits, for callers outside a coroutine. end_forward() waits for reads in flight, which
+// only a forward that failed midway leaves behind.
+//
+// Thread safety: prefetch/row_ready/row/end_forward from the forward's thread (one forward at a
+// time); completions on the reader's, which run the wakes.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +54,9 @@ struct engram_stream_options {
     // Tables of at most this many bytes in all (and at most an eighth of the memory available at
     // start-up) are kept in RAM; 0: always streamed.
     uint64_t resident_max_bytes = uint64_t(4) << 30;
+    // Test hook: microseconds to hold back a read's completion (asked on the reader's thread for
+    // each completion; 0: none). Timing only: results must not move.
+    std::function<uint32_t()> inject_delay_us;
 };
 
 struct engram_counters {
@@ -54,7 +67,7 @@ struct engram_counters {
     uint64_t refills = 0;         // arena refills with the next window of announced rows
     uint64_t disk_reads = 0;      // reads issued (coalesced: one covers neighbouring rows)
     uint64_t resident_bytes = 0;  // the tables' bytes held in RAM (0: streamed)
-    uint64_t waits = 0;           // row() calls that had to wait for the disk
+    uint64_t waits = 0;           // rows the forward had to wait for (row() or row_ready())
     double wait_seconds = 0;
 };
 
@@ -65,6 +78,7 @@ class engram_stream final : public dsv41::engram_source {
 
     void prefetch(int engram_index, std::span<const int64_t> rows) override;
     result<dsv41::engram_row> row(int engram_index, int64_t row) override;
+    bool row_ready(int engram_index, int64_t row, std::function<void()> wake) override;
     void end_forward() override;
 
     engram_counters counters() const;
@@ -94,8 +108,19 @@ class engram_stream final : public dsv41::engram_source {
     };
     static constexpr uint64_t kWindow = 8192;  // arena bytes a part may need (a row part within two pages)
 
-    explicit engram_stream(engram_stream_options opts) : opts_(opts) {}
+    explicit engram_stream(engram_stream_options opts) : opts_(std::move(opts)) {}
     void on_read(uint64_t tag, const status& st);
+    // inject_delay_us: completions held back, delivered by a thread of their own at their time.
+    void hold(uint64_t tag, const status& st, uint32_t us);
+    void deliver_held();
+    // Gives the forward's next row (engram layer e, the next announced position) its slot, after
+    // starting any read it needs, and counts it consumed; -1, changing nothing, when that needs
+    // the window's reads to land first (a refill) and `may_wait` is false.
+    int64_t place(std::unique_lock<std::mutex>& lock, int engram_index, int64_t row, bool may_wait);
+    bool landed(uint32_t slot) const {
+        const row_place& pl = places_[slot];
+        return extents_[pl.value_extent].done && extents_[pl.scale_extent].done;
+    }
     // Gives free slots to engram layer e's announced rows from assigned_[e] on (a repeated row of
     // the window shares its slot); their parts go into `parts`.
     void assign(int e, std::vector<part>& parts);
@@ -113,6 +138,16 @@ class engram_stream final : public dsv41::engram_source {
     io::aligned_buffer arena_;
     io::aligned_buffer resident_;  // the tables, when they are kept in RAM
     std::unique_ptr<io::uring_reader> reader_;
+    struct held_completion {
+        std::chrono::steady_clock::time_point at;
+        uint64_t tag;
+        status outcome;
+    };
+    std::mutex held_mu_;
+    std::condition_variable held_cv_;
+    std::vector<held_completion> held_;
+    bool held_stop_ = false;
+    std::thread held_thread_;  // with inject_delay_us only
 
     mutable std::mutex mu_;
     std::condition_variable arrived_;
@@ -127,6 +162,21 @@ class engram_stream final : public dsv41::engram_source {
     uint32_t extents_used_ = 0;
     uint64_t arena_used_ = 0;            // bytes of the window's reads
     uint64_t in_flight_parts_ = 0;       // reads submitted, not completed
+    // The row row_ready() placed, which the next row() takes (the forward asks for it again).
+    struct placed_row {
+        int engram_index;
+        int64_t row;
+        uint32_t slot;
+        bool waited;
+        std::chrono::steady_clock::time_point since;
+    };
+    std::optional<placed_row> placed_;
+    // Wakes row_ready() left: for a slot's reads (slot >= 0), or for every read to land (-1).
+    struct waker {
+        int64_t slot;
+        std::function<void()> wake;
+    };
+    std::vector<waker> wakers_;
     engram_counters counters_;
 };
 

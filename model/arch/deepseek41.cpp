@@ -283,6 +283,9 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
                     MS_ASSERT(row >= 0 && row < lw.engram_rows);
                     engram_row er{lw.engram_values + row * ehd, lw.engram_scales + row * (ehd / 32)};
                     if (opts_.engram) {
+                        // Suspended (no thread waits) while the row is on its way from disk.
+                        while (!co_await engram_row_ready(*opts_.engram, int(e_idx), row, ex)) {
+                        }
                         auto got = opts_.engram->row(int(e_idx), row);
                         if (!got) {
                             restore();

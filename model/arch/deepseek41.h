@@ -186,9 +186,46 @@ class engram_source {
     virtual void prefetch(int engram_index, std::span<const int64_t> rows) = 0;
     // One announced row; valid until end_forward(), or only until the next row() call when the
     // source had no room to keep it (the forward copies each row at once). May block until it
-    // arrived.
+    // arrived, unless row_ready() said it would not.
     virtual result<engram_row> row(int engram_index, int64_t row) = 0;
+    // row() without waiting, for a coroutine: true when row(engram_index, row), the caller's next
+    // call, answers at once (the row is there, or its read failed). Else false, having started
+    // what the row needs, and `wake` runs once (on a thread of the source's, possibly before this
+    // returns) when the caller should ask again; it must only hand over (post). Default: true.
+    virtual bool row_ready(int engram_index, int64_t row, std::function<void()> wake) {
+        (void)engram_index, (void)row, (void)wake;
+        return true;
+    }
     virtual void end_forward() {}
+};
+
+// while (!co_await engram_row_ready(src, e, row, ex)) {}: row_ready() as an awaitable (true: the
+// row is there; false: woken, ask again). When the row is there, or the wake comes inside the
+// call, the coroutine does not suspend; otherwise the wake posts it to `ex`.
+class engram_row_ready {
+  public:
+    engram_row_ready(engram_source& src, int engram_index, int64_t row, coro::executor& ex)
+        : src_(src), index_(engram_index), row_(row), ex_(ex) {}
+    engram_row_ready(const engram_row_ready&) = delete;
+    engram_row_ready& operator=(const engram_row_ready&) = delete;
+
+    bool await_ready() const noexcept { return false; }
+    bool await_suspend(std::coroutine_handle<> h) {
+        ready_ = src_.row_ready(index_, row_, [this, h] {
+            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+        });
+        if (ready_) return false;  // no wake is kept
+        return !second_.exchange(true, std::memory_order_acq_rel);
+    }
+    bool await_resume() const noexcept { return ready_; }
+
+  private:
+    engram_source& src_;
+    int index_;
+    int64_t row_;
+    coro::executor& ex_;
+    bool ready_ = false;
+    std::atomic<bool> second_{false};
 };
 
 // ---- hooks ---------------------------------------------------------------------------------

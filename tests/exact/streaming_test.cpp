@@ -170,6 +170,66 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
     }
 }
 
+// The forward awaits its engram rows as it awaits experts: while one read of the rows is held
+// back, the executor goes on with other work (no thread waits for the row), and the bits are the
+// resident ones, with the rows in one window and in windows of 16 rows (refills).
+BOOST_AUTO_TEST_CASE(the_forward_awaits_engram_rows_without_blocking, *needs()) {
+    using clock = std::chrono::steady_clock;
+    auto& m = fixture(kFx);
+    const auto tokens = prompt40();
+    std::vector<float> reference;
+    {
+        auto seq = m.sequence();
+        dsv41::forward_item item{seq.get(), tokens, true};
+        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, reference).ok());
+    }
+    const auto start = clock::now();
+    const auto since_start_us = [&] {
+        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
+    };
+    for (uint32_t slots : {4096u, 16u}) {
+        std::atomic<bool> armed{false};
+        std::atomic<int64_t> held_at_us{-1};
+        engram_stream_options o;
+        o.slots = slots;
+        o.resident_max_bytes = 0;  // streamed
+        o.inject_delay_us = [&]() -> uint32_t {
+            int64_t never = -1;
+            if (!armed || !held_at_us.compare_exchange_strong(never, since_start_us())) return 0;
+            return 300'000;  // the first completion once the forward runs
+        };
+        auto es = engram_stream::create(*m.files, o);
+        if (!es) {
+            BOOST_TEST_MESSAGE("skipped: " << es.message());
+            return;
+        }
+        cpu_backend be(1);
+        dsv41::model mdl(m.hp(), m.files->weights, nullptr, *m.experts, be);
+        dsv41::model_options mo;
+        mo.engram = es->get();
+        mdl.set_options(mo);
+        auto seq = mdl.new_sequence(128, 16);
+        dsv41::forward_item item{seq.get(), tokens, true};
+        std::vector<float> logits;
+        armed = true;
+        const auto run = run_forward_ticking(mdl, item, logits, since_start_us);
+        BOOST_TEST_REQUIRE(run.outcome.has_value(), "the forward did not end");
+        BOOST_TEST_REQUIRE(run.outcome->ok(), (run.outcome->ok() ? std::string() : run.outcome->message()));
+        BOOST_TEST(same_bits(logits, reference), "arena " << slots);
+        const auto c = (*es)->counters();
+        const int64_t held = held_at_us.load();
+        BOOST_TEST_REQUIRE(held >= 0, "no engram row was read");
+        const auto during =
+            std::count_if(run.ticks.begin(), run.ticks.end(), [&](int64_t at) { return at > held && at < run.ended_us; });
+        BOOST_TEST_MESSAGE("arena " << slots << ": " << during << " ticks while an engram read was held ("
+                                    << run.ticks.size() << " in all), " << c.waits << " rows waited for, "
+                                    << c.wait_seconds << " s, " << c.refills << " refills");
+        BOOST_TEST(c.waits >= 1u);
+        BOOST_TEST(c.wait_seconds >= 0.2, c.wait_seconds);  // the forward did wait for the held read
+        BOOST_TEST(during >= 10);  // 300 ms held, a tick every 5 ms: about 60 when nothing blocks
+    }
+}
+
 // Tables within the resident budget are read whole at start-up: the same bits, no row read after.
 BOOST_AUTO_TEST_CASE(engram_tables_in_ram_give_the_same_bits, *needs()) {
     auto& m = fixture(kFx);
