@@ -173,19 +173,10 @@ BOOST_AUTO_TEST_CASE(a_read_error_fails_the_forward_and_the_next_one_reads_again
 // While the host tier holds a read back, the forward is suspended in the device tier and its
 // executor's one thread runs other handlers (a ticker on the same io_context keeps ticking).
 BOOST_AUTO_TEST_CASE(the_forward_is_suspended_while_the_device_tier_waits, *needs()) {
-    using clock = std::chrono::steady_clock;
     auto& m = fixture(kTierFx);
     const auto tokens = prompt_ids(kTierFx, 40);
-    std::vector<float> reference;
-    {
-        auto seq = m.sequence();
-        dsv41::forward_item item{seq.get(), tokens, true};
-        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, reference).ok());
-    }
-    const auto start = clock::now();
-    const auto since_start_us = [&] {
-        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
-    };
+    const auto reference = resident_logits(m, tokens);
+    const since_start since_start_us;
     std::atomic<int64_t> held_at_us{-1};
     std::atomic<int32_t> held_expert{-1};
     auto t = host_tier(*m.files, 4, [&](int layer, int32_t expert) -> uint32_t {

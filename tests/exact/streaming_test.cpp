@@ -174,19 +174,10 @@ BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
 // back, the executor goes on with other work (no thread waits for the row), and the bits are the
 // resident ones, with the rows in one window and in windows of 16 rows (refills).
 BOOST_AUTO_TEST_CASE(the_forward_awaits_engram_rows_without_blocking, *needs()) {
-    using clock = std::chrono::steady_clock;
     auto& m = fixture(kFx);
     const auto tokens = prompt40();
-    std::vector<float> reference;
-    {
-        auto seq = m.sequence();
-        dsv41::forward_item item{seq.get(), tokens, true};
-        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, reference).ok());
-    }
-    const auto start = clock::now();
-    const auto since_start_us = [&] {
-        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
-    };
+    const auto reference = resident_logits(m, tokens);
+    const since_start since_start_us;
     for (uint32_t slots : {4096u, 16u}) {
         std::atomic<bool> armed{false};
         std::atomic<int64_t> held_at_us{-1};
@@ -425,21 +416,12 @@ BOOST_AUTO_TEST_CASE(eight_sequences_through_one_slot_tiers_with_random_delays, 
 // on the same single-threaded io_context must tick while a read of layer 0 is held for 300 ms,
 // before the forward ends; the bits are the resident model's and nothing blocked.
 BOOST_AUTO_TEST_CASE(the_executor_runs_other_work_while_a_read_is_held_back, *needs()) {
-    using clock = std::chrono::steady_clock;
     auto& m = fixture(kFx);
     const auto tokens = prompt40();
-    std::vector<float> reference;
-    {
-        auto seq = m.sequence();
-        dsv41::forward_item item{seq.get(), tokens, true};
-        BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, reference).ok());
-    }
+    const auto reference = resident_logits(m, tokens);
     std::atomic<int64_t> held_at_us{-1};  // when the held read came back (clock since start)
     std::atomic<int32_t> held_expert{-1};  // the first expert of layer 0 whose read completed
-    const auto start = clock::now();
-    const auto since_start_us = [&] {
-        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
-    };
+    const since_start since_start_us;
     for (const double device : {0.0, 2.0}) {
         held_at_us = -1;
         held_expert = -1;
@@ -482,7 +464,6 @@ BOOST_AUTO_TEST_CASE(the_executor_runs_other_work_while_a_read_is_held_back, *ne
 // thread waits for the draft's experts), and the drafts are those of the head with every expert
 // resident, with the draft's own slots and with the draft sharing the target's tiers.
 BOOST_AUTO_TEST_CASE(the_draft_head_awaits_its_experts_without_blocking, *needs()) {
-    using clock = std::chrono::steady_clock;
     auto& m = fixture(kFx);
     const auto tokens = prompt40();
     const int n_layers = m.hp().n_layers;
@@ -501,10 +482,7 @@ BOOST_AUTO_TEST_CASE(the_draft_head_awaits_its_experts_without_blocking, *needs(
         BOOST_TEST_REQUIRE(d.failures() == 0);
         BOOST_TEST_REQUIRE(int(reference.size()) == k);
     }
-    const auto start = clock::now();
-    const auto since_start_us = [&] {
-        return std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - start).count();
-    };
+    const since_start since_start_us;
     for (const bool own_slots : {true, false}) {
         std::atomic<bool> holding{false};
         std::atomic<int64_t> held_at_us{-1};

@@ -12,10 +12,28 @@
 #include <vector>
 
 #include "config/result.h"
+#include "fixture_model.h"
 #include "model/arch/deepseek41.h"
 #include "scheduler/asio_task.h"
 
 namespace moestream::test {
+
+// Microseconds since it was made (the tests' shared time line for ticks and held reads).
+struct since_start {
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    int64_t operator()() const {
+        return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - start).count();
+    }
+};
+
+// The fixture's resident logits for a whole prompt: what a run with reads held back must give.
+inline std::vector<float> resident_logits(fixture_model& m, std::span<const int32_t> tokens) {
+    std::vector<float> out;
+    auto seq = m.sequence();
+    dsv41::forward_item item{seq.get(), tokens, true};
+    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, out).ok());
+    return out;
+}
 
 struct ticking_run {
     std::optional<status> outcome;  // empty: the forward did not end within two minutes
