@@ -203,6 +203,9 @@ class copy_stream {
 struct copy_stream_options {
     int events = 0;
     int lanes = 2;  // CUDA: copy streams the fills alternate between (small copies overlap)
+    // CUDA: a fill's pieces in one cudaMemcpyBatchAsync (false: one cudaMemcpyAsync a piece, the
+    // comparison bench copy prints).
+    bool batched = true;
     // Host memory the fills copy from, page-locked for DMA while the stream lives (CUDA:
     // cudaHostRegister); may be empty.
     std::span<std::byte> source;

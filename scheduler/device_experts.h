@@ -11,9 +11,11 @@
 //   async_ready() -> a slot holds it: answered at once (after one hop through the strand);
 //   a miss -> the fill source's async_ready() (a miss already asked for, or being copied, is
 //   joined, never asked for or copied twice) -> its answer: host slot -> VRAM slot on the
-//   backend's copy stream (model/backend.h: copy_stream; CUDA: cudaMemcpyAsync on copy lanes),
-//   after the compute stream's mark of the last kernels that read the slot's previous expert
-//   (recorded by release(); the copy lane waits on it with cudaStreamWaitEvent), then the compute
+//   backend's copy stream (model/backend.h: copy_stream; CUDA: a fill's pieces in one
+//   cudaMemcpyBatchAsync on a copy lane; an expert is one piece, its slot laid out as the host
+//   tier's, and consecutive slots merge), after the compute stream's latest mark of the last
+//   kernels that read the fill's slots' previous experts (recorded by release(); the copy lane
+//   waits on it with cudaStreamWaitEvent), then the compute
 //   stream waits on the copy's event (cudaStreamWaitEvent, no host round trip) -> the answer
 //   (views of the VRAM slot) goes to the callback right after the copy is enqueued, so the
 //   expert's kernels are enqueued behind the wait -> the copy's completion (cudaLaunchHostFunc on
@@ -53,6 +55,7 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/backend.h"
+#include "scheduler/expert_slot_layout.h"
 #include "scheduler/model_loader.h"
 
 namespace moestream {
@@ -64,6 +67,7 @@ struct device_tier_options {
     // the tier lives, so its uploads run at the bus's speed.
     std::span<std::byte> pinned_source;
     int copy_lanes = 2;  // copy streams the fills alternate between (copy_stream_options::lanes)
+    bool batched_copies = true;  // copy_stream_options::batched
     // Test hook: microseconds to hold back the completion of a copy of this expert (a strand
     // timer: its host slot stays held and its VRAM slot unavailable meanwhile; timing only,
     // results must not move). Called on the strand.
@@ -116,6 +120,7 @@ class device_experts final : public dsv41::expert_source {
         // completions: the host latency of that hop.
         double completion_post_seconds = 0;
         uint64_t fills = 0;        // copy-stream fills (a fill copies up to kFillExperts experts)
+        uint64_t pieces = 0;       // their copies, adjacent parts and slots merged (add_piece)
         double issue_seconds = 0;  // host time spent issuing the fills (the strand's share of a copy)
     };
     static constexpr int kFillExperts = 8;
@@ -129,7 +134,8 @@ class device_experts final : public dsv41::expert_source {
         int pins = 0;
         uint64_t used = 0;
         bool copying = false;        // a fill into it has not completed
-        bool released_once = false;  // its `freed` event marks the last kernels that read it
+        // Its `freed` event marks the last kernels that read it, release number freed_mark (0: never released).
+        uint64_t freed_mark = 0;
         int32_t next_in_fill = -1;   // the next slot of the same fill (its first slot names it)
         dsv41::expert_weights views;
         // The fill source's expert the copy reads: released there once the copy has completed.
@@ -171,7 +177,7 @@ class device_experts final : public dsv41::expert_source {
 
     // ---- strand handlers and what they call (strand only) ----
     void on_need(int layer, const std::vector<int32_t>& experts, bool hint);
-    void on_release(int64_t key);
+    void on_release(int64_t key, uint64_t mark);
     void on_fetched(uint64_t id, result<dsv41::ready_experts> r);
     void on_copied(int32_t first, std::chrono::steady_clock::time_point at);
     void finish_fill(int32_t first);
@@ -185,6 +191,7 @@ class device_experts final : public dsv41::expert_source {
     // event, one compute-stream wait, one completion); false when no slot was free.
     bool place_landed();
     void add_to_fill(int32_t s, const landed& l);
+    void add_piece(std::byte* dst, const std::byte* src, size_t bytes);  // merged with the last when adjacent
     int32_t victim() const;             // the LRU slot neither held nor copying, or -1
     int64_t available_slots() const;    // slots neither held nor copying
 
@@ -202,6 +209,7 @@ class device_experts final : public dsv41::expert_source {
     // Per key: the slot of a held expert, written here when it is handed out, read by release()
     // on the holder's thread (the slot cannot change while it is held).
     std::unique_ptr<std::atomic<int32_t>[]> held_slot_;
+    std::atomic<uint64_t> marks_{0};  // release() marks, numbered on the backend's thread
     std::atomic<bool> all_resident_{false};  // every key has a slot: set once, never cleared
     backend_array<int32_t> slot_of_device_;  // slot_of_, once every expert is resident (backend thread)
     std::vector<expert_slot_table> tables_;  // per layer, once every expert is resident (backend thread)
@@ -229,7 +237,8 @@ class device_experts final : public dsv41::expert_source {
     uint64_t clock_ = 0;
     counters stats_;
     std::vector<copy_piece> fill_pieces_;  // the fill being put together (room made at start-up)
-    std::vector<int> fill_after_;
+    int fill_after_ = -1;  // the event the fill's copies wait for (the latest release mark of its slots), or -1
+    uint64_t fill_after_mark_ = 0;
 };
 
 }  // namespace moestream

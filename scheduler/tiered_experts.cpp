@@ -11,6 +11,8 @@
 #include <cstring>
 #include <future>
 
+#include "scheduler/expert_slot_layout.h"
+
 namespace moestream {
 namespace asio = boost::asio;
 namespace {
@@ -107,9 +109,10 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
             }
         }
     }
+    const expert_slot_layout shared = slot_layout_for({part_max[0], part_max[1], part_max[2]});
+    t->host_slot_bytes_ = shared.slot_bytes;  // the device tier's VRAM slots are laid out alike
     for (int p = 0; p < 3; ++p) {
-        t->host_part_[p] = t->host_slot_bytes_;
-        t->host_slot_bytes_ += round_up(part_max[p] + io::kReadAlign, io::kReadAlign);  // staging window
+        t->host_part_[p] = shared.part_offset[size_t(p)];
         t->device_part_[p] = t->device_slot_bytes_;
         t->device_slot_bytes_ += round_up(part_max[p], 64);
     }

@@ -1,7 +1,9 @@
 // moestream bench copy: expert uploads from the pinned host tier into VRAM slots through the
-// device tier's pipeline (scheduler/device_experts: the host tier's answers, cudaMemcpyAsync on
-// copy lanes after the compute stream's marks, the compute stream waiting on the copies' events,
-// completions posted to the strand) as a fraction of the pinned host-to-device bandwidth
+// device tier's pipeline (scheduler/device_experts: the host tier's answers, a fill's experts in
+// one cudaMemcpyBatchAsync on a copy lane after the compute stream's mark, each expert one copy
+// of its slot's span where both tiers' slots lay it out alike and consecutive slots merged, the
+// compute stream waiting on the copies' events, completions posted to the strand; beside it the
+// same with a cudaMemcpyAsync a piece) as a fraction of the pinned host-to-device bandwidth
 // measured in the same run (one cudaMemcpyAsync of 1 GiB of page-locked memory); and the host
 // latency of learning that a copy finished (cudaLaunchHostFunc against a thread polling the
 // copy's event, then the hop to the strand).
@@ -76,10 +78,12 @@ struct lane_figures {
 };
 
 result<lane_figures> measure_lanes(backend& gpu, const loaded_model& m, tiered_experts& host,
-                                   const std::vector<layer_experts>& set, int64_t slots, int lanes, int rounds) {
+                                   const std::vector<layer_experts>& set, int64_t slots, int lanes, bool batched,
+                                   int rounds) {
     device_tier_options o;
     o.pinned_source = host.host_region();
     o.copy_lanes = lanes;
+    o.batched_copies = batched;
     auto d = device_experts::create(gpu, m, slots, false, &host, o);
     if (!d) return d.err();
     const int64_t group = std::max<int64_t>(1, slots / 2);
@@ -108,6 +112,7 @@ result<lane_figures> measure_lanes(backend& gpu, const loaded_model& m, tiered_e
         k.copy_seconds -= before.copy_seconds;
         k.completion_post_seconds -= before.completion_post_seconds;
         k.fills -= before.fills;
+        k.pieces -= before.pieces;
         k.issue_seconds -= before.issue_seconds;
         out.issue_share = k.issue_seconds / dt;
     }
@@ -179,17 +184,23 @@ int run(const cli::args& a) {
                 "slots, asked for in groups of %lld\n",
                 static_cast<long long>(count), double(expert_bytes) / double(1 << 20), set.back().layer,
                 (*host)->host_slots(), static_cast<long long>(slots), static_cast<long long>(std::max<int64_t>(1, slots / 2)));
-    for (int l : *lanes) {
-        auto f = measure_lanes(gpu, m, **host, set, slots, l, int(*rounds));
+    // Each lane count with a fill's pieces in one cudaMemcpyBatchAsync, then the last one with a
+    // call a piece (the comparison: what batching buys).
+    std::vector<std::pair<int, bool>> runs;
+    for (int l : *lanes) runs.push_back({l, true});
+    runs.push_back({lanes->back(), false});
+    for (const auto& [l, batched] : runs) {
+        auto f = measure_lanes(gpu, m, **host, set, slots, l, batched, int(*rounds));
         if (!f) return fail(kName, f.message());
         const double med = median(f->gbps);
         const auto [lo, hi] = std::minmax_element(f->gbps.begin(), f->gbps.end());
         const auto& k = f->per_round;
-        std::printf("  %d copy lane%s: %.1f GB/s (%.1f-%.1f), ratio %.3f of the pinned copy (target >= 0.85); a round: "
-                    "%llu copies in %llu fills, %llu joined, %llu blocking waits, issue %.1f us a fill (%.0f%% of the "
-                    "round), issue to completion %.1f us, completion to strand %.1f us%s%s\n",
-                    l, l == 1 ? "" : "s", med, *lo, *hi, med / bus, static_cast<unsigned long long>(k.copies),
-                    static_cast<unsigned long long>(k.fills), static_cast<unsigned long long>(k.joined),
+        std::printf("  %d copy lane%s, %s: %.1f GB/s (%.1f-%.1f), ratio %.3f of the pinned copy (target >= 0.85); a "
+                    "round: %llu experts in %llu fills of %llu copies, %llu joined, %llu blocking waits, issue %.1f us "
+                    "a fill (%.0f%% of the round), issue to completion %.1f us, completion to strand %.1f us%s%s\n",
+                    l, l == 1 ? "" : "s", batched ? "batched" : "a call a piece", med, *lo, *hi, med / bus,
+                    static_cast<unsigned long long>(k.copies), static_cast<unsigned long long>(k.fills),
+                    static_cast<unsigned long long>(k.pieces), static_cast<unsigned long long>(k.joined),
                     static_cast<unsigned long long>(k.blocking_waits),
                     k.fills ? 1e6 * k.issue_seconds / double(k.fills) : 0.0, 100.0 * f->issue_share,
                     k.copies_completed ? 1e6 * k.copy_seconds / double(k.copies_completed) : 0.0,

@@ -18,7 +18,7 @@ namespace {
 class cuda_copy_stream final : public copy_stream {
   public:
     cuda_copy_stream(cudaStream_t compute, const std::atomic<bool>* recording, copy_stream_options opts)
-        : compute_(compute), recording_(recording), opts_(std::move(opts)) {}
+        : compute_(compute), recording_(recording), opts_(std::move(opts)), batched_(opts_.batched) {}
 
     // Streams, events and the page-locked source, each undone in reverse by the destructor.
     status init() {
@@ -77,8 +77,7 @@ class cuda_copy_stream final : public copy_stream {
         check(cudaSetDevice(device_), "cudaSetDevice");  // the calling thread may be new to CUDA
         cudaStream_t lane = lanes_[next_lane_.fetch_add(1, std::memory_order_relaxed) % lanes_.size()];
         for (int a : after) check(cudaStreamWaitEvent(lane, event(a), 0), "cudaStreamWaitEvent (copy lane)");
-        for (const copy_piece& p : pieces)
-            if (p.bytes) check(cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyHostToDevice, lane), "cudaMemcpyAsync");
+        copy(lane, pieces);
         check(cudaEventRecord(event(e), lane), "cudaEventRecord (copy lane)");
         // Issued while the backend records a step this wait would precede the step's graph: it
         // would hold more kernels than needed, never fewer (the device tier issues no fill then:
@@ -91,6 +90,48 @@ class cuda_copy_stream final : public copy_stream {
     std::string notes() const override { return notes_; }
 
   private:
+    // The pieces in as few calls as the driver takes: each call costs the host a few
+    // microseconds, which is the whole copy's time for a small expert's part.
+    void copy(cudaStream_t lane, std::span<const copy_piece> pieces) {
+        constexpr size_t kBatch = 64;  // pieces per call: a fill has at most 3 a slot, fewer once merged
+        size_t at = 0;
+        while (at < pieces.size() && batched_.load(std::memory_order_relaxed)) {
+            const size_t start = at;
+            void* dsts[kBatch];
+            const void* srcs[kBatch];
+            size_t sizes[kBatch];
+            size_t n = 0;
+            for (; at < pieces.size() && n < kBatch; ++at)
+                if (pieces[at].bytes) {
+                    dsts[n] = pieces[at].dst;
+                    srcs[n] = pieces[at].src;
+                    sizes[n++] = pieces[at].bytes;
+                }
+            if (n == 0) return;
+            if (n == 1) {
+                check(cudaMemcpyAsync(dsts[0], srcs[0], sizes[0], cudaMemcpyHostToDevice, lane), "cudaMemcpyAsync");
+                continue;
+            }
+            // The sources are the host tier's slots, untouched until the fill's completion.
+            cudaMemcpyAttributes attr{};
+            attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+            size_t first = 0;
+            const cudaError_t err = cudaMemcpyBatchAsync(dsts, srcs, sizes, n, &attr, &first, 1, lane);
+            if (err == cudaSuccess) continue;
+            if (err != cudaErrorNotSupported && err != cudaErrorInvalidValue) check(err, "cudaMemcpyBatchAsync");
+            // A driver without batched copies for these pointers: one call a piece from now on.
+            (void)cudaGetLastError();
+            if (batched_.exchange(false))
+                std::fprintf(stderr, "moestream: cudaMemcpyBatchAsync: %s; copying one piece a call\n",
+                             cudaGetErrorString(err));
+            at = start;  // nothing of this batch was enqueued: the loop below copies it
+        }
+        for (; at < pieces.size(); ++at)
+            if (pieces[at].bytes)
+                check(cudaMemcpyAsync(pieces[at].dst, pieces[at].src, pieces[at].bytes, cudaMemcpyHostToDevice, lane),
+                      "cudaMemcpyAsync");
+    }
+
     struct callback_arg {
         cuda_copy_stream* self = nullptr;
         int e = 0;
@@ -114,6 +155,7 @@ class cuda_copy_stream final : public copy_stream {
     std::vector<cudaEvent_t> events_;
     std::vector<callback_arg> args_;  // one per event, for the host functions (made at start-up)
     std::atomic<size_t> next_lane_{0};
+    std::atomic<bool> batched_{true};
     void* registered_ = nullptr;
     std::string notes_;
 };
