@@ -5,13 +5,13 @@
 #include "model/sampler.h"
 
 namespace moestream::spec {
-oracle_drafter::oracle_drafter(std::vector<int32_t> continuation, int64_t prompt_len, double rate, int32_t vocab,
+oracle_drafter::oracle_drafter(std::vector<int32_t> continuation, int64_t prompt_len, double acceptance, int32_t vocab,
                                uint64_t seed)
-    : continuation_(std::move(continuation)), prompt_len_(prompt_len), rate_(rate), vocab_(vocab), seed_(seed) {}
+    : continuation_(std::move(continuation)), prompt_len_(prompt_len), acceptance_(acceptance), vocab_(vocab), seed_(seed) {}
 
 std::string oracle_drafter::name() const {
     char buf[32];
-    std::snprintf(buf, sizeof buf, "oracle:%.2f", rate_);
+    std::snprintf(buf, sizeof buf, "oracle:%.2f", acceptance_);
     return buf;
 }
 
@@ -24,7 +24,7 @@ std::vector<int32_t> oracle_drafter::propose(std::span<const int32_t> context, i
         int32_t t = continuation_[size_t(i)];
         // The position's own stream of the sampler's generator: replaced or not, and by which.
         sampler_rng rng(seed_ ^ (uint64_t(pos) * 0x9e3779b97f4a7c15ull));
-        if (rng.uniform() < rate_) t = int32_t((uint64_t(t) + 1 + rng.next() % uint64_t(vocab_ - 1)) % uint64_t(vocab_));
+        if (rng.uniform() >= acceptance_) t = int32_t((uint64_t(t) + 1 + rng.next() % uint64_t(vocab_ - 1)) % uint64_t(vocab_));
         out.push_back(t);
     }
     return out;

@@ -79,7 +79,7 @@ const content_kind kKinds[] = {
 
 struct drafter_spec {
     std::string name;   // dspark, ngram, oracle
-    double acceptance;  // the oracle's (its replacement rate is 1 - acceptance)
+    double acceptance;  // the oracle's: the probability it proposes the recorded token
     std::string label() const {
         if (name != "oracle") return name;
         char buf[32];
@@ -224,7 +224,7 @@ int run(const cli::args& a) {
                         d = std::make_unique<spec::ngram_drafter>();  // unused: k = 0
                     } else if (drafters[size_t(c.drafter)].name == "oracle") {
                         d = std::make_unique<spec::oracle_drafter>(plain_out, int64_t(prompt.size()),
-                                                                   1.0 - drafters[size_t(c.drafter)].acceptance,
+                                                                   drafters[size_t(c.drafter)].acceptance,
                                                                    int32_t(vocab), 11 + uint64_t(r));
                     } else if (drafters[size_t(c.drafter)].name == "dspark") {
                         d = std::make_unique<spec::dspark_drafter>(*s.model, *seq);

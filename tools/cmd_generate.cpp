@@ -445,8 +445,8 @@ const std::vector<cli::option_spec>& options() {
         {"seed", "S", "random seed of the sampler (default: a random one, printed at the end)"},
         {"draft", "FILE.gguf", "DSpark draft head (dflash); reports how many of its drafts the target agreed with"},
         {"drafter", "NAME", "speculative decoding (greedy, or speculative sampling with --temp): dspark (the --draft head), ngram (prompt lookup) or "
-                            "oracle:RATE (the recorded greedy continuation, each token replaced with probability "
-                            "RATE; for measurement)"},
+                            "oracle:RATE (the recorded greedy continuation, each token kept with probability RATE, "
+                            "else replaced: oracle:1.0 proposes it exactly; for measurement)"},
         {"spec-k", "K", "tokens drafted a step with --drafter: auto (the default: chosen per step from measured "
                         "acceptance and step times, up to 5) or 0..5"},
     });

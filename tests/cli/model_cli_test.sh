@@ -126,8 +126,8 @@ PY
   # the statistics line ends with the contract's counts.
   plain=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 2>"$WORK/err") ||
     fail "generate -n 20: $(cat "$WORK/err")"
-  for spec in "oracle:1.0 --spec-k 3" "oracle:0.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" \
-              "dspark --spec-k 5 --draft $WORK/d.gguf" "oracle:0.0" "dspark --draft $WORK/d.gguf --spec-k auto" \
+  for spec in "oracle:0.0 --spec-k 3" "oracle:1.0 --spec-k 5" "oracle:0.5 --spec-k 2" "ngram --spec-k 4" \
+              "dspark --spec-k 5 --draft $WORK/d.gguf" "oracle:1.0" "dspark --draft $WORK/d.gguf --spec-k auto" \
               "ngram --spec-k 0"; do
     # shellcheck disable=SC2086
     got=$("$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter $spec 2>"$WORK/err") ||
@@ -138,9 +138,13 @@ PY
   done
   # (The first token comes from the prefill: 19 more, one per step plus the accepted drafts.)
   grep -q "target steps 19, accepted 0 of 0 drafted" "$WORK/err" || fail "--spec-k 0 drafts nothing: $(cat "$WORK/err")"
-  "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter oracle:0.0 --spec-k 5 2>"$WORK/err" >/dev/null
+  # The contract: oracle:1.0 proposes the recorded greedy continuation exactly, oracle:0.0 never.
+  "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter oracle:1.0 --spec-k 5 2>"$WORK/err" >/dev/null
   grep -q "target steps 4, accepted 15 of 15 drafted" "$WORK/err" ||
     fail "an exact oracle is always accepted (three steps of 6 tokens, then the 20th alone): $(cat "$WORK/err")"
+  "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" -n 20 --drafter oracle:0.0 --spec-k 5 2>"$WORK/err" >/dev/null
+  grep -qE "accepted 0 of [1-9][0-9]* drafted" "$WORK/err" ||
+    fail "oracle:0.0 replaces every proposed token: $(cat "$WORK/err")"
   expect_fail 2 "--drafter must be" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter magic
   expect_fail 2 "rate in \[0, 1\]" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter oracle:2
   expect_fail 2 "--spec-k must be 0..5" "$BIN" generate --model "$WORK/t.gguf" --prompt-tokens "$IDS" --drafter ngram --spec-k 9

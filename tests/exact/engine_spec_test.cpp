@@ -170,7 +170,7 @@ BOOST_AUTO_TEST_CASE(speculative_serving_gives_plain_serving_tokens, *needs()) {
     add("ngram auto", "ngram", 5, true);
     add("dspark k 2", "dspark", 2, false);
     add("dspark auto", "dspark", 5, true);
-    add("oracle 0 k 5", "", 5, false, 0.0);
+    add("oracle 1 k 5", "", 5, false, 1.0);
     add("oracle 0.5 auto", "", 5, true, 0.5);
     for (const auto& c : configs) {
         const auto got = serve(*m.model, c.o, stop);
@@ -188,7 +188,7 @@ BOOST_AUTO_TEST_CASE(speculative_serving_gives_plain_serving_tokens, *needs()) {
             // The DSpark head always drafts (at a fixed length: the policy learns to stop where
             // its drafts fail); the exact oracle's greedy drafts all stand.
             if (c.o.drafter == "dspark" && !c.o.adaptive && i != 2) BOOST_TEST(g.draft_n > 0, what);
-            if (c.what == "oracle 0 k 5" && i != 2 && i % 2 == 0 && i < 8) {
+            if (c.what == "oracle 1 k 5" && i != 2 && i % 2 == 0 && i < 8) {
                 BOOST_TEST(g.draft_n > 0, what);
                 BOOST_TEST(g.draft_n_accepted == g.draft_n, what);
             }
@@ -208,7 +208,7 @@ BOOST_AUTO_TEST_CASE(speculative_serving_gives_plain_serving_tokens, *needs()) {
                            s.step_experts_steps[engine_stats::verify_step] * uint64_t(m.hp().n_active * m.hp().n_layers),
                        c.what);
         }
-        if (c.o.make_drafter && c.what == "oracle 0 k 5") {
+        if (c.o.make_drafter && c.what == "oracle 1 k 5") {
             BOOST_TEST(accepted > 0);
             BOOST_TEST(s.steps < plain.stats.steps, c.what);  // fewer forwards for the same tokens
         }

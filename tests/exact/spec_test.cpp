@@ -64,7 +64,7 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_plain_greedy_output, *needs()) {
         const std::vector<int32_t> continuation(plain.begin(), plain.end());
         for (int k : {1, 3, 5}) {
             spec::ngram_drafter ngram(1, 3);
-            spec::oracle_drafter exact(continuation, len, 0.0, int32_t(m.hp().vocab));
+            spec::oracle_drafter exact(continuation, len, 1.0, int32_t(m.hp().vocab));
             spec::oracle_drafter half(continuation, len, 0.5, int32_t(m.hp().vocab), 7);
             auto seq_for_dspark = m.sequence();
             spec::dspark_drafter dspark(*m.model, *seq_for_dspark);
@@ -112,10 +112,10 @@ BOOST_AUTO_TEST_CASE(drafters_propose_what_they_should) {
     BOOST_TEST((ngram.propose(ctx, 2) == std::vector<int32_t>{8, 9}));  // "5 6 7" followed by 8 9
     BOOST_TEST((ngram.propose(ctx, 9) == std::vector<int32_t>{8, 9, 5, 6, 7}));  // up to the context's end
     BOOST_TEST(ngram.propose(std::vector<int32_t>{1, 2, 3, 4}, 3).empty());     // nothing repeats
-    spec::oracle_drafter exact({10, 11, 12, 13}, 3, 0.0, 100);
+    spec::oracle_drafter exact({10, 11, 12, 13}, 3, 1.0, 100);
     BOOST_TEST((exact.propose(std::vector<int32_t>{1, 2, 3, 10}, 2) == std::vector<int32_t>{11, 12}));
     BOOST_TEST((exact.propose(std::vector<int32_t>{1, 2, 3, 10, 11, 12}, 5) == std::vector<int32_t>{13}));
-    spec::oracle_drafter never({10, 11, 12, 13}, 3, 1.0, 100);
+    spec::oracle_drafter never({10, 11, 12, 13}, 3, 0.0, 100);
     const auto wrong = never.propose(std::vector<int32_t>{1, 2, 3, 10}, 3);
     BOOST_TEST(wrong.size() == 3u);
     for (size_t i = 0; i < wrong.size(); ++i) BOOST_TEST((wrong[i] != 11 + int32_t(i) && wrong[i] >= 0 && wrong[i] < 100));
