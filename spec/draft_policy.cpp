@@ -196,6 +196,11 @@ int draft_policy::choose(int base_rows, int drafting) {
     base_rows_ = std::max(1, base_rows);
     drafting_ = std::max(0, drafting);
     if (max_k_ == 0 || drafting_ == 0) return 0;
+    // Cold start: a plain step, then one draft (the cheapest probe), before any longer block is
+    // paid for: until both are measured every cost is a guess, and a guess that drafted 5 first
+    // paid a block of rejected rows' experts from disk (bench spec on the H200, 2026-12-03).
+    if (steps_[0] == 0) return 0;
+    if (std::all_of(steps_.begin() + 1, steps_.end(), [](uint64_t n) { return n == 0; })) return 1;
     int best = 0;
     double best_rate = -1;
     for (int k = 0; k <= max_k_; ++k) {

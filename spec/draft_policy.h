@@ -16,6 +16,8 @@
 //    and the current residency say, not a line through its measured neighbours (which a concave
 //    union and a residency that changed both make wrong). Before the model has seen two row
 //    counts the old estimate stands: linear from the measured neighbours.
+//  - The first steps are a plain one and then one draft, so a base cost and a draft's are
+//    measured before anything longer is tried.
 //  - At most every 16th step tries a neighbour of the best, so costs and acceptance stay
 //    measured, and only as often as 2% of the time pays for its expected loss.
 // With low acceptance, or rows that cost as much as a step each (a disk-bound machine), the
