@@ -98,6 +98,16 @@ struct decode_figures {
     std::vector<cuda::op_time> prefill_profile;  // the prefill's ops, when profiled
     double prefill_profiled_s = 0;               // that prefill's time (events after each op)
     double disk_bytes_per_token = 0;             // expert bytes the decode steps read from the disk
+    // Streaming: where the decode steps' wall time went (seconds over all of them).
+    struct split {
+        double wall = 0;         // the steps
+        double disk_busy = 0;    // with >= 1 read in flight (the ceiling assumes all of it)
+        double in_flight = 0;    // reads in flight, time-weighted over the busy time
+        double expert_wait = 0;  // the forward waiting for its experts (the device tier's waiting requests)
+        double engram_wait = 0;  // ... for engram rows
+        double copies = 0;       // expert uploads
+        double copy_s = 0;       // their issue to completion, summed
+    } spent;
 };
 
 // Expert bytes a one-row step touches when it routes through the slot table (it announces
@@ -160,6 +170,9 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     const int64_t routed_bytes = slot_table_bytes_per_token(source, s.hp());
     int64_t expert_bytes = 0;
     const uint64_t disk0 = s.streamed ? s.streamed->counters().disk_bytes : 0;
+    const auto io0 = s.streamed ? s.streamed->io_stats() : io::reader_stats{};
+    const auto dev0 = s.slots && s.streamed ? s.slots->stats() : device_experts::counters{};
+    const double engram0 = s.engram ? s.engram->counters().wait_seconds : 0.0;
     for (int64_t k = 0; k < n; ++k) {
         const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
         if (drop_cache) drop_page_cache(s.files->target);
@@ -170,7 +183,24 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
         const int64_t announced = count.take_bytes();
         expert_bytes += announced > 0 ? announced : routed_bytes;
     }
-    if (s.streamed) f.disk_bytes_per_token = double(s.streamed->counters().disk_bytes - disk0) / double(n);
+    if (s.streamed) {
+        f.disk_bytes_per_token = double(s.streamed->counters().disk_bytes - disk0) / double(n);
+        const auto io1 = s.streamed->io_stats();
+        auto& sp = f.spent;
+        for (double t : f.token_s) sp.wall += t;
+        sp.disk_busy = io1.busy_seconds - io0.busy_seconds;
+        // The reader's time-weighted mean is cumulative: this stretch's share of it.
+        if (sp.disk_busy > 0)
+            sp.in_flight = (io1.time_mean_in_flight * io1.busy_seconds - io0.time_mean_in_flight * io0.busy_seconds) /
+                           sp.disk_busy;
+        if (s.slots) {
+            const auto dev1 = s.slots->stats();
+            sp.expert_wait = dev1.wait_seconds - dev0.wait_seconds;
+            sp.copies = double(dev1.copies_completed - dev0.copies_completed);
+            sp.copy_s = dev1.copy_seconds - dev0.copy_seconds;
+        }
+        if (s.engram) sp.engram_wait = s.engram->counters().wait_seconds - engram0;
+    }
     const auto stats1 = cuda::stats(*s.compute);
     if (profile) {
         f.profile = cuda::take_profile(*s.compute);
@@ -235,8 +265,20 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
         if (streaming) drop_page_cache(s.files->target);
         auto g = decode_on(s, *s.slots, prompt_len, n, false, streaming);
         if (!g) return fail(name, g.message());
-        if (streaming)
-            std::printf("  streaming: %.1f MB read from the disk per decode step\n", g->disk_bytes_per_token / 1e6);
+        if (streaming) {
+            const auto& sp = g->spent;
+            const double per = 1e3 / double(n), layers = double(s.hp().n_layers);
+            std::printf("  streaming: %.1f MB read from the disk per decode step; a step %.2f ms (mean): the disk busy "
+                        "%.2f ms (%.0f%% of the time, %.1f reads in flight then), the forward waiting for experts %.2f ms "
+                        "(%.0f us a layer) and for engram rows %.2f ms, the rest (compute, host scheduling) %.2f ms "
+                        "(%.0f us a layer); %.1f uploads a step, %.0f us each from issue to completion\n",
+                        g->disk_bytes_per_token / 1e6, sp.wall * per, sp.disk_busy * per,
+                        sp.wall > 0 ? 100.0 * sp.disk_busy / sp.wall : 0.0, sp.in_flight, sp.expert_wait * per,
+                        sp.expert_wait * per * 1e3 / layers, sp.engram_wait * per,
+                        (sp.wall - sp.expert_wait - sp.engram_wait) * per,
+                        (sp.wall - sp.expert_wait - sp.engram_wait) * per * 1e3 / layers, sp.copies / double(n),
+                        sp.copies > 0 ? 1e6 * sp.copy_s / sp.copies : 0.0);
+        }
         const double bytes = dense + g->expert_bytes_per_token;
         const double t = median(g->token_s);
         const auto& st = g->decode_stats;
