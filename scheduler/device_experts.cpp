@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "scheduler/expert_slot_layout.h"
+
 namespace moestream {
 namespace asio = boost::asio;
 namespace {
@@ -29,8 +31,6 @@ bool same_shape(const weight_view& w, const slot_matrix& p) {
     return w.type == p.type && w.cols == p.cols && w.rows == p.rows && w.row_stride == p.row_stride;
 }
 
-}  // namespace
-
 // The host tier's layout (scheduler/expert_slot_layout.h), so an upload copies a slot's span.
 expert_slot_layout layout_of(const loaded_model& m) {
     std::array<uint64_t, 3> most{};
@@ -42,6 +42,8 @@ expert_slot_layout layout_of(const loaded_model& m) {
     }
     return slot_layout_for(most);
 }
+
+}  // namespace
 
 size_t device_experts::slot_bytes(const loaded_model& m) { return size_t(layout_of(m).slot_bytes); }
 

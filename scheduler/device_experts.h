@@ -55,7 +55,6 @@
 #include "config/result.h"
 #include "model/arch/deepseek41.h"
 #include "model/backend.h"
-#include "scheduler/expert_slot_layout.h"
 #include "scheduler/model_loader.h"
 
 namespace moestream {

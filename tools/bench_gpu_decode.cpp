@@ -268,6 +268,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
         if (streaming) {
             const auto& sp = g->spent;
             const double per = 1e3 / double(n), layers = double(s.hp().n_layers);
+            const double rest = sp.wall - sp.expert_wait - sp.engram_wait;
             std::printf("  streaming: %.1f MB read from the disk per decode step; a step %.2f ms (mean): the disk busy "
                         "%.2f ms (%.0f%% of the time, %.1f reads in flight then), the forward waiting for experts %.2f ms "
                         "(%.0f us a layer) and for engram rows %.2f ms, the rest (compute, host scheduling) %.2f ms "
@@ -275,8 +276,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                         g->disk_bytes_per_token / 1e6, sp.wall * per, sp.disk_busy * per,
                         sp.wall > 0 ? 100.0 * sp.disk_busy / sp.wall : 0.0, sp.in_flight, sp.expert_wait * per,
                         sp.expert_wait * per * 1e3 / layers, sp.engram_wait * per,
-                        (sp.wall - sp.expert_wait - sp.engram_wait) * per,
-                        (sp.wall - sp.expert_wait - sp.engram_wait) * per * 1e3 / layers, sp.copies / double(n),
+                        rest * per, rest * per * 1e3 / layers, sp.copies / double(n),
                         sp.copies > 0 ? 1e6 * sp.copy_s / sp.copies : 0.0);
         }
         const double bytes = dense + g->expert_bytes_per_token;
