@@ -20,6 +20,7 @@ constexpr cli::option_spec kConfigOptions[] = {
     {"io-depth", "N", "io_uring reads in flight at most"},
     {"io-chunk", "KiB", "expert read chunk size"},
     {"io-mode", "MODE", "coroutine (default) or remap-sync (the published port's design, for comparison)"},
+    {"lookahead", "N", "layers a streamed forward predicts ahead: 0, 1 (default) or 2"},
     {"threads", "N", "compute threads (0 = one per core)"},
     {"ctx-size", "N", "context length per sequence, in tokens"},
     {"backend", "NAME", "auto, cpu or cuda"},
@@ -113,13 +114,14 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
         } else if (section == "io") {
             if (key == "depth") MS_TRY(read_int(v, where, c.io.depth));
             else if (key == "chunk_kib") MS_TRY(read_int(v, where, c.io.chunk_kib));
+            else if (key == "lookahead_layers") MS_TRY(read_int(v, where, c.io.lookahead_layers));
             else if (key == "mode") {
                 std::string s;
                 MS_TRY(read_string(v, where, s));
                 auto m = parse_io_mode(s, where);
                 if (!m) return m.err();
                 c.io.mode = *m;
-            } else return make_error(where + " is not a known field (depth, chunk_kib, mode)");
+            } else return make_error(where + " is not a known field (depth, chunk_kib, lookahead_layers, mode)");
         } else if (section == "runtime") {
             if (key == "threads") MS_TRY(read_int(v, where, c.runtime.threads));
             else if (key == "context_tokens") MS_TRY(read_int(v, where, c.runtime.context_tokens));
@@ -252,6 +254,8 @@ status validate(const moestream_config& c) {
           (c.cache.draft_cache_gib >= 0 && c.cache.draft_cache_gib <= 65536)))
         return bad("cache.draft_cache_gib (--draft-cache)", "must be all or between 0 and 65536 GiB");
     if (c.io.depth < 1 || c.io.depth > 4096) return bad("io.depth (--io-depth)", "must be between 1 and 4096");
+    if (c.io.lookahead_layers < 0 || c.io.lookahead_layers > 2)
+        return bad("io.lookahead_layers (--lookahead)", "must be 0, 1 or 2");
     if (c.io.chunk_kib < 4 || c.io.chunk_kib > 65536 || c.io.chunk_kib % 4 != 0)
         return bad("io.chunk_kib (--io-chunk)", "must be a multiple of 4 between 4 and 65536 KiB (O_DIRECT alignment)");
     if (c.runtime.threads < 0 || c.runtime.threads > 1024)
@@ -312,6 +316,7 @@ result<moestream_config> load_config(const cli::args& a) {
     }
     MS_TRY(set_from_flag(a, "io-depth", c.io.depth));
     MS_TRY(set_from_flag(a, "io-chunk", c.io.chunk_kib));
+    MS_TRY(set_from_flag(a, "lookahead", c.io.lookahead_layers));
     if (auto m = a.get("io-mode")) {
         auto mode = parse_io_mode(*m, "--io-mode");
         if (!mode) return mode.err();
@@ -362,6 +367,7 @@ std::string to_json(const moestream_config& c) {
     else o << c.cache.draft_cache_gib;
     o << "},\n"
       << "  \"io\": {\"depth\": " << c.io.depth << ", \"chunk_kib\": " << c.io.chunk_kib
+      << ", \"lookahead_layers\": " << c.io.lookahead_layers
       << ", \"mode\": \"" << io_mode_name(c.io.mode) << "\"},\n"
       << "  \"runtime\": {\"threads\": " << c.runtime.threads << ", \"context_tokens\": " << c.runtime.context_tokens
       << ", \"sequences_max\": " << c.runtime.sequences_max << ", \"backend\": " << json_escape(c.runtime.backend)

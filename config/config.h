@@ -48,6 +48,9 @@ enum class io_mode { coroutine, remap_sync };
 struct io_settings {
     int64_t depth = 64;        // io_uring submissions in flight at most
     int64_t chunk_kib = 1024;  // expert reads are split into chunks of this size
+    // Layers a streamed forward predicts ahead (their routers on the current layer's input, sent
+    // as read hints): 0 = none, 1 = the next layer, 2 = the next two.
+    int64_t lookahead_layers = 1;
     io_mode mode = io_mode::coroutine;
 };
 

@@ -251,12 +251,19 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
 
 void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
     ++step_;
-    hinted_.clear();  // predictions for this layer are now facts; older ones are stale
+    need_layer_ = uint32_t(layer);
+    // Predictions for this layer are now facts, older ones are stale; those of the next layers
+    // (a look-ahead deeper than one layer) still stand.
+    const auto ahead = [layer](expert_key k) {
+        const uint32_t l = storage::key_layer(k);
+        return l > uint32_t(layer) && l <= uint32_t(layer) + kHintLayers;
+    };
+    std::erase_if(hinted_, [&](expert_key k) { return !ahead(k); });
     ++generation_;
     failed_.clear();  // a new demand retries what failed before (nothing was cached from it)
     joined_.clear();
     for (auto it = hint_started_.begin(); it != hint_started_.end();)  // wasted predictions
-        it = storage::key_layer(*it) == uint32_t(layer) ? std::next(it) : hint_started_.erase(it);
+        it = storage::key_layer(*it) == uint32_t(layer) || ahead(*it) ? std::next(it) : hint_started_.erase(it);
     // Pins of the previous need() that no take took over (a forward that stopped early).
     for (expert_key k : need_pins_)
         if (home(k).pins(k) > 0) home(k).unpin(k);
@@ -342,8 +349,12 @@ void tiered_experts::hint(int layer, std::span<const int32_t> experts) {
 }
 
 void tiered_experts::on_hint(int layer, const std::vector<int32_t>& experts) {
-    hinted_.clear();
+    // A layer's newest prediction replaces its older one; the nearest layer's go first.
+    std::erase_if(hinted_, [layer](expert_key k) { return storage::key_layer(k) == uint32_t(layer); });
     for (int32_t e : experts) hinted_.push_back(make_expert_key(uint32_t(layer), uint32_t(e)));
+    std::stable_sort(hinted_.begin(), hinted_.end(), [](expert_key a, expert_key b) {
+        return storage::key_layer(a) < storage::key_layer(b);
+    });
     submit_hints();
 }
 
@@ -355,14 +366,18 @@ void tiered_experts::submit_hints() {
         if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) continue;
         storage::expert_cache& c = home(key);
         if (c.lookup(key).state != storage::residency::absent) continue;
-        // A prediction may take a free slot or evict anything but an expert of the layer being
-        // computed (it may still be demanded) or another predicted one. (With layers visited
-        // in a cycle, LRU's victim is usually an old expert of the predicted layer itself.)
+        // A prediction may take a free slot or evict anything but an expert of the layers from
+        // the one being computed up to the predicted one (they may still be demanded first) or
+        // another prediction, read or not. (With layers visited in a cycle, LRU's victim is
+        // usually an old expert of the predicted layer itself.)
         if (c.resident_count() + c.loading_count() == c.slot_count()) {
             const auto victim = c.policy().victim();
             if (!victim) break;
             const auto vk = c.key_in(*victim);
-            if (!vk || storage::key_layer(*vk) + 1 == storage::key_layer(key) ||
+            if (!vk) break;
+            const uint32_t kl = storage::key_layer(key), vl = storage::key_layer(*vk);
+            const bool nearer = need_layer_ < kl ? vl >= need_layer_ && vl < kl : vl + 1 == kl;
+            if (nearer || hint_started_.count(*vk) ||
                 std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
                 break;
         }

@@ -281,7 +281,11 @@ class tiered_experts final : public dsv41::expert_source {
     // Host pins taken by need() for experts the model is about to get (so a demotion or another
     // read cannot evict them first); a take takes them over.
     std::vector<storage::expert_key> need_pins_;
-    std::vector<storage::expert_key> hinted_;          // predicted, not yet read (newest layer only)
+    // Predicted, not yet read, by layer (nearest first): the layers after the one demanded last,
+    // up to kHintLayers ahead.
+    std::vector<storage::expert_key> hinted_;
+    static constexpr uint32_t kHintLayers = 2;
+    uint32_t need_layer_ = 0;  // the layer of the latest need()
     std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
     std::set<storage::expert_key> joined_;             // demanded while loading, this layer
     uint64_t step_ = 0;

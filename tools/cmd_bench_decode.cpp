@@ -221,7 +221,7 @@ int run(const cli::args& a) {
         // The same model, its experts seen through the routing statistics.
         routing_stats rs(*s.streamed);
         auto mo = s.model->options();
-        mo.lookahead = pass == 0;
+        mo.lookahead = pass == 0 && c.io.lookahead_layers > 0;
         s.model = std::make_unique<dsv41::model>(s.hp(), s.files->weights, nullptr, rs, *s.compute, mo);
         const double raw = pass == 0 ? raw_disk_bandwidth(*s.files, c, uint64_t(1) << 30) : 0;
         if (pass == 0) std::printf("raw O_DIRECT read bandwidth of the file (same depth/chunk): %.2f GB/s\n", raw / 1e9);

@@ -198,7 +198,9 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         source = s->streamed.get();
     }
     dsv41::model_options mo;
-    mo.lookahead = s->streamed != nullptr;  // on CUDA the hints reach the host tier through the slots
+    // On CUDA the hints reach the host tier through the slots.
+    mo.lookahead = s->streamed != nullptr && cfg.io.lookahead_layers > 0;
+    mo.lookahead_layers = int(cfg.io.lookahead_layers);
     s->model = std::make_unique<dsv41::model>(s->files->hp, s->weights(), s->draft(), *source, *s->compute, mo);
     if (stream && !s->files->hp.engram_layers.empty()) {
         engram_stream_options eo;

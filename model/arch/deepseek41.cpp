@@ -552,7 +552,10 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
             detail::compute_mix(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF, true);
             return {H, ws.mixF.post.data(), ws.mixF.comb.data(), ws.mixF.pre.data(), collapse_next ? x : nullptr, hc};
         };
-        if (auto st = co_await detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next, update_F);
+        const layer_weights* after_next =
+            opts_.lookahead_layers >= 2 && L + 2 < hp.n_layers ? &w_.layers[size_t(L + 2)] : nullptr;
+        if (auto st = co_await detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next,
+                                           update_F, after_next);
             !st) {
             restore();
             co_return st;

@@ -181,7 +181,8 @@ status moe_through_slots(const env& e, const layer_weights& lw, const expert_slo
 
 coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
                        const float* x, const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
-                       const layer_weights* next, const std::function<hc_update()>& update) {
+                       const layer_weights* next, const std::function<hc_update()>& update,
+                       const layer_weights* after_next) {
     const auto& hp = e.hp;
     workspace& ws = e.ws;
     moe_scratch& sc = ws.moe_host;
@@ -211,6 +212,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     // The next layer's router on this input (its picks are a prefetch hint: nothing to fetch
     // when every expert is resident).
     const bool look_ahead = next && e.opts.lookahead && !table;
+    const bool look_ahead2 = look_ahead && after_next;
     {
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
@@ -220,6 +222,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         if (look_ahead) {
             ws.ahead.resize(size_t(n * n_experts));
             first.push_back({next->gate_inp, x, dim, n, ws.ahead.data(), n_experts, false, true});
+        }
+        if (look_ahead2) {
+            ws.ahead2.resize(size_t(n * n_experts));
+            first.push_back({after_next->gate_inp, x, dim, n, ws.ahead2.data(), n_experts, false, true});
         }
         e.be.matmul_batch(first);
     }
@@ -293,6 +299,17 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         }
         distinct(predicted);
         e.experts.hint(layer + 1, predicted);
+    }
+    if (look_ahead2) {
+        MS_ASSERT(after_next->exp_probs_b.size == n_experts);
+        ws.predicted2.resize(size_t(n_assign));
+        e.be.route(ws.ahead2.data(), after_next->exp_probs_b.data, n, n_experts, int(k), 1.0, true,
+                   ws.predicted2.data(), nullptr);
+        std::vector<int32_t>& predicted = sc.predicted2;
+        predicted.resize(size_t(n_assign));
+        e.be.download(predicted.data(), ws.predicted2.data(), predicted.size() * sizeof(int32_t));
+        distinct(predicted);
+        e.experts.hint(layer + 2, predicted);
     }
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets

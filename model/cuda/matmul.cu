@@ -322,6 +322,54 @@ __global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict
     cuda_core_block<T, kMatmulWarps>(jb, blk - jb.first_block, xs);
 }
 
+// One warp's tile of an mma job through rings of shape R: its copies, the group's x staged
+// meanwhile (every warp of the block takes part), then the products. Returns false for a warp
+// with no tile (after the staging barriers).
+template <class R>
+__device__ __forceinline__ bool mma_tile(const mm_job& jb, int64_t tile, bool active, int64_t r0, int nr,
+                                         uint8_t* smem, int* sexp, float (*red)[mma::kMmaGroupRows], float (&out)[4],
+                                         int64_t& oA, int64_t& oB) {
+    const bool pair = jb.up != nullptr;
+    const int64_t blocks = jb.cols / 32;
+    uint4* xs = reinterpret_cast<uint4*>(smem);
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    uint8_t* ring = smem + blocks * nr * 128 + size_t(warp) * R::stages * R::stage_bytes;
+    // Fragment row f (0..15) of the tile: its weight row (clamped to the matrix: rows past the
+    // end are loaded but never stored) and output index.
+    auto row_of = [&](int f, int64_t& o) -> const uint8_t* {
+        if (pair) {
+            o = tile * 8 + (f & 7);
+            const int64_t oc = o < jb.rows ? o : jb.rows - 1;
+            return (f < 8 ? jb.w : jb.up) + oc * jb.row_bytes;
+        }
+        o = tile * 16 + f;
+        const int64_t oc = o < jb.rows ? o : jb.rows - 1;
+        return jb.w + oc * jb.row_bytes;
+    };
+    const uint8_t* src[R::per_lane];
+    int dst[R::per_lane];
+#pragma unroll
+    for (int j = 0; j < R::per_lane; ++j) {
+        const int i = lane + 32 * j, f = i / R::pieces;
+        int64_t o;
+        src[j] = row_of(f, o);
+        dst[j] = f * R::pitch + (i % R::pieces) * 16;
+    }
+    if (active) mma::prefetch_tile<R>(src, dst, blocks, ring);
+    mma::stage_x(jb, r0, nr, xs, sexp, red);
+    if (!active) return false;
+    const int g = lane >> 2;
+    const uint8_t* rowA = row_of(g, oA);
+    const uint8_t* rowB = row_of(g + 8, oB);
+    switch (nr) {
+        case 1: mma::compute_tile<R, 1>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        case 2: mma::compute_tile<R, 2>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        case 3: mma::compute_tile<R, 3>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+        default: mma::compute_tile<R, 4>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
+    }
+    return true;
+}
+
 // MXFP4 launches: a job planned for the tensor cores (block_rows = -tiles per block, see
 // matmul_mma.cuh) runs the mma path; the others (shapes it does not take) the CUDA-core one.
 __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_job* __restrict__ jobs, int n_jobs) {
@@ -345,47 +393,17 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
     const int gsz = mma::mma_group_rows(jb.cols);
     const int64_t r0 = grp * gsz;
     const int nr = jb.n - r0 < gsz ? int(jb.n - r0) : gsz;
-    const int64_t blocks = jb.cols / 32;
-    uint4* xs = reinterpret_cast<uint4*>(smem);
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t tile = chunk * per_block + warp;
     const bool active = warp < per_block && tile < tiles;
-    uint8_t* ring = smem + blocks * nr * 128 + size_t(warp) * mma::kMmaStages * mma::kStageBytes;
-    // Fragment row f (0..15) of the tile: its weight row (clamped to the matrix: rows past the
-    // end are loaded but never stored) and output index.
-    auto row_of = [&](int f, int64_t& o) -> const uint8_t* {
-        if (pair) {
-            o = tile * 8 + (f & 7);
-            const int64_t oc = o < jb.rows ? o : jb.rows - 1;
-            return (f < 8 ? jb.w : jb.up) + oc * jb.row_bytes;
-        }
-        o = tile * 16 + f;
-        const int64_t oc = o < jb.rows ? o : jb.rows - 1;
-        return jb.w + oc * jb.row_bytes;
-    };
-    const uint8_t* src[5];
-    int dst[5];
-#pragma unroll
-    for (int j = 0; j < 5; ++j) {
-        const int i = lane + 32 * j, f = i / 10;
-        int64_t o;
-        src[j] = row_of(f, o);
-        dst[j] = f * mma::kRowPitch + (i % 10) * 16;
-    }
-    if (active) mma::prefetch_tile(src, dst, blocks, ring);
-    mma::stage_x(jb, r0, nr, xs, sexp, red);
-    if (!active) return;
-    const int g = lane >> 2, t = lane & 3;
-    int64_t oA, oB;
-    const uint8_t* rowA = row_of(g, oA);
-    const uint8_t* rowB = row_of(g + 8, oB);
     float out[4];
-    switch (nr) {
-        case 1: mma::compute_tile<1>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
-        case 2: mma::compute_tile<2>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
-        case 3: mma::compute_tile<3>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
-        default: mma::compute_tile<4>(rowA, rowB, src, dst, blocks, xs, ring, lane, out); break;
-    }
+    int64_t oA = 0, oB = 0;
+    // The ring's shape is the job's (its shape alone decides it), never a value's.
+    const bool ran = mma::mma_wide_stages(jb.cols, jb.n)
+                         ? mma_tile<mma::ring_shape<16>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB)
+                         : mma_tile<mma::ring_shape<8>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB);
+    if (!ran) return;
+    const int t = lane & 3;
     if (t >= 2) return;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -417,7 +435,7 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
     return launch_kernel(s, k_matmul<T>, dim3(blocks), dim3(kThreads), shared, jobs, n_jobs, staged_jobs);
 }
 
-constexpr size_t kMxfp4SharedMax = mma::kXBudget + mma::kStagingBytes;
+constexpr size_t kMxfp4SharedMax = mma::kMmaSharedMax;
 
 cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
     if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;

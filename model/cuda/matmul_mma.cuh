@@ -30,11 +30,15 @@
 // decoding is folded into the final 2^(14 - s_r)), in block order: the summation order is
 // fixed by cols alone.
 //
-// Loads. A warp streams its 16 rows through a ring of kMmaStages stages in shared memory by
-// cp.async (16-byte pieces from the 16-byte boundary at or below the stage's first byte: 8
-// blocks, 136 bytes, a 160-byte window); the block offsets within a stage are then known mod 4
-// at compile time, so a lane's qs word is one or two LDS.32 and a constant funnel shift, its
-// scale one LDS.U8.
+// Loads. A warp streams its 16 rows through a ring of stages in shared memory by cp.async
+// (16-byte pieces from the 16-byte boundary at or below the stage's first byte): 3 stages of 8
+// blocks (136 bytes, a 160-byte window), or for long rows whose x leaves room 2 stages of 16
+// blocks (272 bytes, 288): a row's longer runs read at once took flash's gate+up pairs up by
+// 5-15% at batch 1 and 6-7% at batch 2 in a lab kernel of the same arithmetic (three runs; in
+// this kernel 0.45 -> 0.47); deeper rings, per-row bulk copies (TMA) and L2 bulk prefetches
+// measured slower (docs/benchmarks.md, seventh H200 session). The block offsets
+// within a stage are known mod 4 at compile time, so a lane's qs word is one or two LDS.32 and a
+// constant funnel shift, its scale one LDS.U8.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -47,13 +51,25 @@ namespace moestream::cuda::kernels::mma {
 inline constexpr int kMmaWarps = 16;
 inline constexpr int kMmaThreads = kMmaWarps * kWarp;
 inline constexpr int kMmaGroupRows = 4;      // x rows per group (mma columns: hi 0..3, lo 4..7)
-inline constexpr int kMmaStages = 3;         // cp.async ring depth per warp
-inline constexpr int kStageBlocks = 8;       // 32-blocks per stage
-inline constexpr int kStageWindow = 160;     // bytes a stage copies per row (10 pieces of 16)
-inline constexpr int kRowPitch = 176;        // shared bytes per row and stage (conflict-free LDS)
-inline constexpr int kStageBytes = 16 * kRowPitch;
-inline constexpr size_t kStagingBytes = size_t(kMmaWarps) * kMmaStages * kStageBytes;
 inline constexpr size_t kXBudget = 96000;    // shared bytes for a group's x (16 per column at 4 rows)
+inline constexpr size_t kMmaSharedMax = 231168;  // dynamic shared bytes of a block, at most
+
+// A ring's shape: SB 32-blocks a stage (8 or 16), its depth, the 16-byte pieces a stage copies
+// per row (the 16-byte boundary at or below its first byte to past its last), the shared pitch
+// of a row (pieces + 1, which keeps the fragment's LDS.32 conflict-free: 44 or 76 words), the
+// pieces a lane copies.
+template <int SB>
+struct ring_shape {
+    static_assert(SB == 8 || SB == 16);
+    static constexpr int blocks = SB;
+    static constexpr int stages = SB == 8 ? 3 : 2;
+    static constexpr int pieces = (SB * 17 + 30) / 16;
+    static constexpr int pitch = pieces * 16 + 16;
+    static constexpr int stage_bytes = 16 * pitch;
+    static constexpr int per_lane = 16 * pieces / 32;
+    static constexpr size_t staging = size_t(kMmaWarps) * stages * stage_bytes;
+};
+static_assert(ring_shape<8>::per_lane == 5 && ring_shape<16>::per_lane == 9);
 
 // x rows per group for rows of `cols` columns (0: the shape is not for the mma kernel).
 constexpr int mma_group_rows(int64_t cols) {
@@ -61,11 +77,20 @@ constexpr int mma_group_rows(int64_t cols) {
     const int64_t fit = int64_t(kXBudget) / (cols * 4);
     return int(fit < kMmaGroupRows ? fit : kMmaGroupRows);
 }
-// Shared bytes of a block: the group's x (blocks x rows x 128) after which the stage rings.
-constexpr size_t mma_shared_bytes(int64_t cols, int64_t n) {
+// Shared bytes of a group's x (blocks x rows x 128).
+constexpr size_t mma_x_bytes(int64_t cols, int64_t n) {
     const int g = mma_group_rows(cols);
     const int64_t rows = n < g ? n : g;
-    return size_t((cols / 32) * rows * 128) + kStagingBytes;
+    return size_t((cols / 32) * rows * 128);
+}
+// Whether a job streams its rows through wide stages: rows of 128 blocks or more (shorter ones
+// measured no gain) whose x leaves the wide rings room.
+constexpr bool mma_wide_stages(int64_t cols, int64_t n) {
+    return cols / 32 >= 128 && mma_x_bytes(cols, n) + ring_shape<16>::staging <= kMmaSharedMax;
+}
+// Shared bytes of a block: the group's x, after which the stage rings.
+constexpr size_t mma_shared_bytes(int64_t cols, int64_t n) {
+    return mma_x_bytes(cols, n) + (mma_wide_stages(cols, n) ? ring_shape<16>::staging : ring_shape<8>::staging);
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -181,15 +206,16 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
     __syncthreads();
 }
 
-// Copies stage `s` (blocks 8s..8s+7) of the warp's 16 rows into `buf`: lane l copies the
-// pieces l + 32j (row (l + 32j) / 10, piece (l + 32j) % 10). `last`: copy only the pieces that
-// hold the row's bytes (the row's end may be the allocation's).
-__device__ __forceinline__ void issue_stage(const uint8_t* const (&src)[5], const int (&dst)[5], uint32_t buf,
-                                            int s, int bytes, bool last) {
+// Copies stage `s` (blocks SB s .. SB s + SB - 1) of the warp's 16 rows into `buf`: lane l
+// copies the pieces l + 32j (row (l + 32j) / pieces, piece (l + 32j) % pieces). `last`: copy
+// only the pieces that hold the row's bytes (the row's end may be the allocation's).
+template <class R>
+__device__ __forceinline__ void issue_stage(const uint8_t* const (&src)[R::per_lane], const int (&dst)[R::per_lane],
+                                            uint32_t buf, int s, int bytes, bool last) {
 #pragma unroll
-    for (int j = 0; j < 5; ++j) {
-        const uintptr_t a = reinterpret_cast<uintptr_t>(src[j] + int64_t(s) * (kStageBlocks * 17));
-        const int piece = dst[j] % kRowPitch;
+    for (int j = 0; j < R::per_lane; ++j) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(src[j] + int64_t(s) * (R::blocks * 17));
+        const int piece = dst[j] % R::pitch;
         const int delta = int(a & 15);
         const uint8_t* p = reinterpret_cast<const uint8_t*>(a & ~uintptr_t(15)) + piece;
         if (!last || piece < delta + bytes) cp_async16(buf + uint32_t(dst[j]), p);
@@ -197,17 +223,19 @@ __device__ __forceinline__ void issue_stage(const uint8_t* const (&src)[5], cons
 }
 
 
-// The first kMmaStages - 1 stages of a warp's tile, issued before the block stages x (the
+// The first R::stages - 1 stages of a warp's tile, issued before the block stages x (the
 // weights do not depend on it); compute_tile issues the rest.
-__device__ __forceinline__ void prefetch_tile(const uint8_t* const (&src)[5], const int (&dst)[5], int64_t blocks,
-                                              uint8_t* ring) {
+template <class R>
+__device__ __forceinline__ void prefetch_tile(const uint8_t* const (&src)[R::per_lane], const int (&dst)[R::per_lane],
+                                              int64_t blocks, uint8_t* ring) {
     const uint32_t ring_addr = smem_addr(ring);
-    const int stages = int((blocks + kStageBlocks - 1) / kStageBlocks);
-    const int last_bytes = int(blocks - int64_t(stages - 1) * kStageBlocks) * 17;
+    const int stages = int((blocks + R::blocks - 1) / R::blocks);
+    const int last_bytes = int(blocks - int64_t(stages - 1) * R::blocks) * 17;
 #pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) {
-        if (s < stages) issue_stage(src, dst, ring_addr + uint32_t(s * kStageBytes), s, s == stages - 1 ? last_bytes : 136,
-                                    s == stages - 1);
+    for (int s = 0; s < R::stages - 1; ++s) {
+        if (s < stages)
+            issue_stage<R>(src, dst, ring_addr + uint32_t(s * R::stage_bytes), s,
+                           s == stages - 1 ? last_bytes : R::blocks * 17, s == stages - 1);
         cp_async_commit();
     }
 }
@@ -217,15 +245,16 @@ __device__ __forceinline__ void prefetch_tile(const uint8_t* const (&src)[5], co
 // (row A x columns 2t, 2t+1; row B x columns 2t, 2t+1) of the hi columns with the lo columns
 // added (lanes t < 2: x rows 2t, 2t+1; lanes t >= 2 return garbage). NR: the group's x rows
 // (a template argument, so that the x offsets are immediates).
-template <int NR>
-__device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t* rowB, const uint8_t* const (&src)[5],
-                                             const int (&dst)[5], int64_t blocks, const uint4* xs, uint8_t* ring,
+template <class R, int NR>
+__device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t* rowB,
+                                             const uint8_t* const (&src)[R::per_lane], const int (&dst)[R::per_lane],
+                                             int64_t blocks, const uint4* xs, uint8_t* ring,
                                              int lane, float (&out)[4]) {
     constexpr int nr = NR;
     const int g = lane >> 2, t = lane & 3;
     const uint32_t ring_addr = smem_addr(ring);
-    const int stages = int((blocks + kStageBlocks - 1) / kStageBlocks);
-    const int last_bytes = int(blocks - int64_t(stages - 1) * kStageBlocks) * 17;
+    const int stages = int((blocks + R::blocks - 1) / R::blocks);
+    const int last_bytes = int(blocks - int64_t(stages - 1) * R::blocks) * 17;
     // This lane's B column: x row r (a copy of the group's last row past its end), part p.
     const int col = g, xr = (col & 3) < nr ? (col & 3) : nr - 1, part = col >> 2;
     const uint4* xl = xs + (xr * 2 + part) * 4 + t;
@@ -235,27 +264,28 @@ __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t*
     int slot = 0;  // the ring slot of stage s
     for (int s = 0; s < stages; ++s) {
         {
-            const int sn = s + kMmaStages - 1;
-            const int slot_n = slot == 0 ? kMmaStages - 1 : slot - 1;  // (s + kMmaStages - 1) % kMmaStages
+            const int sn = s + R::stages - 1;
+            const int slot_n = slot == 0 ? R::stages - 1 : slot - 1;  // (s + R::stages - 1) % R::stages
             if (sn < stages)
-                issue_stage(src, dst, ring_addr + uint32_t(slot_n * kStageBytes), sn, sn == stages - 1 ? last_bytes : 136,
+                issue_stage<R>(src, dst, ring_addr + uint32_t(slot_n * R::stage_bytes), sn,
+                               sn == stages - 1 ? last_bytes : R::blocks * 17,
                             sn == stages - 1);
             cp_async_commit();
         }
-        cp_async_wait<kMmaStages - 1>();
+        cp_async_wait<R::stages - 1>();
         __syncwarp();
-        const uint8_t* buf = ring + slot * kStageBytes;
-        slot = slot == kMmaStages - 1 ? 0 : slot + 1;
-        const int dA = int((reinterpret_cast<uintptr_t>(rowA) + uintptr_t(s) * (kStageBlocks * 17)) & 15);
-        const int dB = int((reinterpret_cast<uintptr_t>(rowB) + uintptr_t(s) * (kStageBlocks * 17)) & 15);
-        const uint8_t* bA = buf + g * kRowPitch + dA;
-        const uint8_t* bB = buf + (g + 8) * kRowPitch + dB;
+        const uint8_t* buf = ring + slot * R::stage_bytes;
+        slot = slot == R::stages - 1 ? 0 : slot + 1;
+        const int dA = int((reinterpret_cast<uintptr_t>(rowA) + uintptr_t(s) * (R::blocks * 17)) & 15);
+        const int dB = int((reinterpret_cast<uintptr_t>(rowB) + uintptr_t(s) * (R::blocks * 17)) & 15);
+        const uint8_t* bA = buf + g * R::pitch + dA;
+        const uint8_t* bB = buf + (g + 8) * R::pitch + dB;
         const uint8_t* qA = bA + 4 * t;
         const uint8_t* qB = bB + 4 * t;
-        const uint4* xb = xl + int64_t(s) * kStageBlocks * xstride;
-        const int spans = s == stages - 1 ? last_bytes / (17 * 4) : kStageBlocks / 4;
+        const uint4* xb = xl + int64_t(s) * R::blocks * xstride;
+        const int spans = s == stages - 1 ? last_bytes / (17 * 4) : R::blocks / 4;
 #pragma unroll
-        for (int sp = 0; sp < kStageBlocks / 4; ++sp) {
+        for (int sp = 0; sp < R::blocks / 4; ++sp) {
             if (sp >= spans) break;
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {

@@ -26,11 +26,12 @@ std::vector<int32_t> prompt40() { return prompt_ids(kFx, 40); }
 
 // Prefill of 40 tokens, 4 decode steps and one DSpark draft, every logit concatenated.
 std::vector<float> run(fixture_model& m, dsv41::expert_source& experts, backend& be,
-                       dsv41::engram_source* engram = nullptr) {
+                       dsv41::engram_source* engram = nullptr, int lookahead_layers = 1) {
     dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, experts, be);
     dsv41::model_options o;
     o.engram = engram;
     o.lookahead = true;  // look-ahead reads change I/O, never bits
+    o.lookahead_layers = lookahead_layers;
     mdl.set_options(o);
     auto seq = mdl.new_sequence(128, 16);
     const auto tokens = prompt40();
@@ -91,16 +92,19 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
         uint64_t chunk;
         int threads;
         bool remap = false;
+        int lookahead_layers = 1;  // 2: L+2 predicted too
     };
     // From "one expert in each tier" (every expert read again and again) to everything fits.
     for (const config c : {config{1, 1, 1, 4096, 1}, config{2, 3, 2, 4096, 2}, config{6, 2, 64, 8192, 3},
                            config{0, 7, 4, 4096, 2}, config{0, 1, 8, 1 << 20, 1}, config{64, 8, 16, 1 << 20, 2},
                            config{2000, 2000, 64, 1 << 20, 2}, config{3, 4, 64, 1 << 20, 2, true},
-                           config{0, 6, 64, 1 << 20, 1, true}}) {
+                           config{0, 6, 64, 1 << 20, 1, true}, config{1, 1, 1, 4096, 1, false, 2},
+                           config{2, 3, 2, 4096, 2, false, 2}, config{0, 7, 4, 4096, 2, false, 2},
+                           config{64, 8, 16, 1 << 20, 2, false, 2}}) {
         auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap);
         if (skip_without_io_uring(t)) return;
         cpu_backend be(c.threads);
-        const auto got = run(m, **t, be);
+        const auto got = run(m, **t, be, nullptr, c.lookahead_layers);
         const auto k = (*t)->counters();
         const auto io = (*t)->io_stats();
         BOOST_TEST_MESSAGE("device " << (*t)->device_slots() << " host " << (*t)->host_slots() << " depth " << c.depth
@@ -110,8 +114,10 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                                      << k.hint_used << ", max in flight "
                                      << io.max_in_flight << ", mean completion post "
                                      << (k.completions_posted ? 1e6 * k.completion_post_seconds / double(k.completions_posted) : 0.0)
-                                     << " us" << (c.remap ? " (remap-sync)" : ""));
-        BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth);
+                                     << " us" << (c.remap ? " (remap-sync)" : "") << ", look-ahead layers "
+                                     << c.lookahead_layers);
+        BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth
+                                                         << " look-ahead layers " << c.lookahead_layers);
         BOOST_TEST(k.read_errors == 0u);
         BOOST_TEST(io.max_in_flight <= c.depth);
         BOOST_TEST(k.device_hits + k.host_hits + k.disk_reads >= k.demands - k.joins);
