@@ -28,6 +28,8 @@ if (!base) {
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'not-checked', maxRetries: 0, timeout: 120_000 });
 
 let failures = 0;
+// The request a case is at: a thrown network error (undici's `terminated`) names no request.
+let at = '';
 function check(cond, what, detail) {
   if (!cond) {
     failures++;
@@ -173,6 +175,7 @@ async function jsonOutput() {
 
 async function apiErrors() {
   const refused = async (params, param, label) => {
+    at = label;
     try {
       await client.responses.create({ model: 'tiny', ...params });
       check(false, `${label}: accepted`);
@@ -187,10 +190,12 @@ async function apiErrors() {
   await refused({ input: 'x', max_output_tokens: -1 }, 'max_output_tokens', 'negative max_output_tokens');
   await refused({ input: 'x', temperature: 5 }, 'temperature', 'temperature out of range');
   // A huge limit is a cap, not an error.
+  at = 'a huge max_output_tokens (json_object)';
   const capped = await client.responses.create({ model: 'tiny', input: 'x', max_output_tokens: 2 ** 40, temperature: 0, text: { format: { type: 'json_object' } } });
   check(capped.status === 'completed', 'a huge max_output_tokens is accepted', capped.status);
 
   const long = 'many words '.repeat(9000);
+  at = 'context overflow';
   try {
     await client.responses.create({ model: 'tiny', input: long });
     check(false, 'a prompt longer than the context was accepted');
@@ -198,6 +203,7 @@ async function apiErrors() {
     check(e instanceof OpenAI.BadRequestError && /maximum context length/.test(e.message), 'context overflow: BadRequestError', String(e));
   }
   // Streamed, the overflow is a response.failed event with the code Codex acts on.
+  at = 'context overflow, streamed';
   const events = await collect(await client.responses.create({ model: 'tiny', input: long, stream: true }));
   const { response } = checkEvents(events, 'overflow stream');
   check(response?.status === 'failed' && response?.error?.code === 'context_length_exceeded', 'overflow stream: response.failed', response?.error);
@@ -221,11 +227,13 @@ async function abortMidStream() {
 check(sdkVersion.startsWith('6.'), 'the pinned openai 6.x SDK', sdkVersion);
 const cases = [createWhole, createStreamed, streamHelperWithTools, previousResponse, jsonOutput, apiErrors, abortMidStream];
 for (const c of cases) {
+  at = '';
   try {
     await c();
   } catch (e) {
     failures++;
-    console.error(`FAIL: ${c.name} threw: ${e?.stack ?? e}`);
+    const cause = e?.cause ? ` (cause: ${e.cause?.code ?? ''} ${e.cause?.message ?? e.cause})` : '';
+    console.error(`FAIL: ${c.name} threw${at ? ` at ${at}` : ''}: ${e?.stack ?? e}${cause}`);
   }
 }
 if (failures) {
