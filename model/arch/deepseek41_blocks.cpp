@@ -285,14 +285,22 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         e.experts.hint(layer + 1, *carried);
         carried->clear();
     }
+    // The look-ahead layers' picks: their routes all go to the backend before the first download,
+    // so the host waits for the device once.
+    const auto route_ahead = [&](const layer_weights& w, barray<float>& scores, barray<int32_t>& picks_ahead) {
+        MS_ASSERT(w.exp_probs_b.size == n_experts);
+        picks_ahead.resize(size_t(n_assign));
+        e.be.route(scores.data(), w.exp_probs_b.data, n, n_experts, int(k), 1.0, true, picks_ahead.data(), nullptr);
+    };
+    const auto download_picks = [&](barray<int32_t>& picks_ahead, std::vector<int32_t>& host) {
+        host.resize(size_t(n_assign));
+        e.be.download(host.data(), picks_ahead.data(), host.size() * sizeof(int32_t));
+    };
+    if (look_ahead) route_ahead(*next, ws.ahead, ws.predicted);
+    if (look_ahead2) route_ahead(*after_next, ws.ahead2, ws.predicted2);
     if (look_ahead) {
-        MS_ASSERT(next->exp_probs_b.size == n_experts);
-        ws.predicted.resize(size_t(n_assign));
-        e.be.route(ws.ahead.data(), next->exp_probs_b.data, n, n_experts, int(k), 1.0, true, ws.predicted.data(),
-                   nullptr);
         std::vector<int32_t>& predicted = sc.predicted;
-        predicted.resize(size_t(n_assign));
-        e.be.download(predicted.data(), ws.predicted.data(), predicted.size() * sizeof(int32_t));
+        download_picks(ws.predicted, predicted);
         if (carried) {
             predicted.insert(predicted.end(), carried->begin(), carried->end());
             carried->clear();
@@ -301,15 +309,9 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         e.experts.hint(layer + 1, predicted);
     }
     if (look_ahead2) {
-        MS_ASSERT(after_next->exp_probs_b.size == n_experts);
-        ws.predicted2.resize(size_t(n_assign));
-        e.be.route(ws.ahead2.data(), after_next->exp_probs_b.data, n, n_experts, int(k), 1.0, true,
-                   ws.predicted2.data(), nullptr);
-        std::vector<int32_t>& predicted = sc.predicted2;
-        predicted.resize(size_t(n_assign));
-        e.be.download(predicted.data(), ws.predicted2.data(), predicted.size() * sizeof(int32_t));
-        distinct(predicted);
-        e.experts.hint(layer + 2, predicted);
+        download_picks(ws.predicted2, sc.predicted2);
+        distinct(sc.predicted2);
+        e.experts.hint(layer + 2, sc.predicted2);
     }
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets
