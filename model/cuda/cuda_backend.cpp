@@ -275,7 +275,7 @@ class cuda_backend final : public backend {
             const kernels::matmul_plan plan = kernels::plan_matmul(type, mm_jobs_.data(), int(mm_jobs_.size()));
             MS_ASSERT_MSG(plan.blocks >= 0, "matmul: rows too long for the kernel's shared memory");
             const auto* dev = stage_array(mm_jobs_);
-            launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), plan.blocks, plan.shared, true), "matmul");
+            launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), plan, true), "matmul");
         }
         for (const auto& j : jobs)
             MS_ASSERT_MSG(j.n == 0 || j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||
@@ -543,7 +543,7 @@ class cuda_backend final : public backend {
         launch(kernels::expand_routed_jobs(stream_, templates, int(routed_.size()), per, sorted_picks, t.slot_of,
                                            reinterpret_cast<const uint8_t*>(t.base), t.slot_bytes, jobs),
                "expand_routed_jobs");
-        launch(kernels::matmul(stream_, type, jobs, int(routed_.size()), plan.blocks, plan.shared, false),
+        launch(kernels::matmul(stream_, type, jobs, int(routed_.size()), plan, false),
                "matmul (routed)");
     }
 

@@ -61,6 +61,10 @@ constexpr int matmul_group_rows(int64_t cols) {
 struct matmul_plan {
     int64_t blocks = 0;
     size_t shared = 0;
+    // MXFP4 launches: 0 runs the kernel that holds both paths; 8 or 16 the tensor-core path
+    // alone, with rings of stages of that many 32-blocks (every job takes the mma path with that
+    // ring), whose registers are not shared with the CUDA-core path.
+    int mxfp4_ring = 0;
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul. MXFP4
@@ -69,8 +73,8 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // memory); other MXFP4 shapes, in the same launch, on the CUDA-core path.
 // staged_jobs: the descriptors were staged by the host (not written by a kernel of the step), so
 // the CUDA-core kernel may read them, and prefetch its weights, before its predecessor ends.
-cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
-                   size_t shared, bool staged_jobs);
+cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, const matmul_plan& plan,
+                   bool staged_jobs);
 
 // ---- sums and updates ----
 // f[r][d] = bf16(Σ_e src[e][d] for e in [starts[r], starts[r + 1])) in order, then the hc update

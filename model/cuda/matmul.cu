@@ -13,6 +13,8 @@
 // weights are read once per group of rows. MXFP4 launches run k_matmul_mxfp4: the tensor-core
 // path of matmul_mma.cuh for the shapes it takes (cols a multiple of 128), this one (with 16
 // warps a block) for the others, chosen per job by its shape.
+#include <cstdlib>
+
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/matmul_mma.cuh"
@@ -370,8 +372,12 @@ __device__ __forceinline__ bool mma_tile(const mm_job& jb, int64_t tile, bool ac
     return true;
 }
 
-// MXFP4 launches: a job planned for the tensor cores (block_rows = -tiles per block, see
-// matmul_mma.cuh) runs the mma path; the others (shapes it does not take) the CUDA-core one.
+// MXFP4 launches. kRing 0: a job planned for the tensor cores (block_rows = -tiles per block, see
+// matmul_mma.cuh) runs the mma path with the ring its shape asks for, the others (shapes it does
+// not take) the CUDA-core one. kRing 8 or 16: every job is an mma job with that ring, so the
+// kernel holds one path and its registers are that path's alone (the kernel with both sat at
+// the 128-register cap and ran 3-12% behind a lab kernel of the same arithmetic).
+template <int kRing>
 __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_job* __restrict__ jobs, int n_jobs) {
     grid_dependency_prologue();
     extern __shared__ __align__(16) uint8_t smem[];
@@ -380,9 +386,11 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
     const int64_t blk = blockIdx.x;
     const mm_job& jb = find_job(jobs, n_jobs, blk);
     const int64_t local = blk - jb.first_block;
-    if (jb.block_rows > 0) {
-        cuda_core_block<ggml_type::mxfp4, mma::kMmaWarps>(jb, local, reinterpret_cast<float*>(smem));
-        return;
+    if constexpr (kRing == 0) {
+        if (jb.block_rows > 0) {
+            cuda_core_block<ggml_type::mxfp4, mma::kMmaWarps>(jb, local, reinterpret_cast<float*>(smem));
+            return;
+        }
     }
     const int per_block = -jb.block_rows;
     const bool pair = jb.up != nullptr;
@@ -399,9 +407,13 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
     float out[4];
     int64_t oA = 0, oB = 0;
     // The ring's shape is the job's (its shape alone decides it), never a value's.
-    const bool ran = mma::mma_wide_stages(jb.cols, jb.n)
-                         ? mma_tile<mma::ring_shape<16>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB)
-                         : mma_tile<mma::ring_shape<8>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB);
+    bool ran;
+    if constexpr (kRing == 0)
+        ran = mma::mma_wide_stages(jb.cols, jb.n)
+                  ? mma_tile<mma::ring_shape<16>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB)
+                  : mma_tile<mma::ring_shape<8>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB);
+    else
+        ran = mma_tile<mma::ring_shape<kRing>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB);
     if (!ran) return;
     const int t = lane & 3;
     if (t >= 2) return;
@@ -437,16 +449,26 @@ cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsign
 
 constexpr size_t kMxfp4SharedMax = mma::kMmaSharedMax;
 
-cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+template <int kRing>
+cudaError_t launch_mxfp4_kernel(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
     if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
     static bool opted_in = false;
     if (shared > (48u << 10) && !opted_in) {
-        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4<kRing>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    int(kMxfp4SharedMax));
         if (e != cudaSuccess) return e;
         opted_in = true;
     }
-    return launch_kernel(s, k_matmul_mxfp4, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs);
+    return launch_kernel(s, k_matmul_mxfp4<kRing>, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs);
+}
+
+cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared, int ring) {
+    switch (ring) {
+        case 0: return launch_mxfp4_kernel<0>(s, jobs, n_jobs, blocks, shared);
+        case 8: return launch_mxfp4_kernel<8>(s, jobs, n_jobs, blocks, shared);
+        case 16: return launch_mxfp4_kernel<16>(s, jobs, n_jobs, blocks, shared);
+        default: return cudaErrorInvalidValue;
+    }
 }
 
 }  // namespace
@@ -501,12 +523,14 @@ int sm_count() {
 matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
     matmul_plan p;
     int64_t tiles = 0, core_blocks = 0;
+    bool narrow = false, wide = false;  // mma jobs with rings of 8 / 16 blocks
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
         if (takes_mma(j)) {
             tiles += mma_tiles(j);
             const size_t sh = mma::mma_shared_bytes(j.cols, j.n);
             if (sh > p.shared) p.shared = sh;
+            (mma::mma_wide_stages(j.cols, j.n) ? wide : narrow) = true;
         } else {
             const int64_t b = plan_job(j, kMatmulBlockRows);
             if (b < 0) return {-1, 0};
@@ -532,6 +556,13 @@ matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
             p.blocks += plan_job(j, core_rows);
         }
     }
+    // One path and one ring in the launch: the kernel of that path alone (MOESTREAM_MXFP4_SPLIT=0
+    // keeps the kernel with both, for A/B runs of bench kernels on one machine).
+    static const bool split = [] {
+        const char* v = std::getenv("MOESTREAM_MXFP4_SPLIT");
+        return !(v && v[0] == '0');
+    }();
+    if (split && core_blocks == 0 && wide != narrow) p.mxfp4_ring = wide ? 16 : 8;
     return p;
 }
 
@@ -559,8 +590,10 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs) {
     return p;
 }
 
-cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, int64_t total_blocks,
-                   size_t shared, bool staged_jobs) {
+cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, const matmul_plan& plan,
+                   bool staged_jobs) {
+    const int64_t total_blocks = plan.blocks;
+    const size_t shared = plan.shared;
     if (n_jobs == 0 || total_blocks == 0) return cudaSuccess;
     if (total_blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
     const unsigned blocks = unsigned(total_blocks);
@@ -569,7 +602,7 @@ cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_job
         case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::mxfp4: return launch_mxfp4(s, jobs, n_jobs, blocks, shared);
+        case ggml_type::mxfp4: return launch_mxfp4(s, jobs, n_jobs, blocks, shared, plan.mxfp4_ring);
         default: return cudaErrorInvalidValue;
     }
 }
