@@ -20,7 +20,7 @@ constexpr cli::option_spec kConfigOptions[] = {
     {"io-depth", "N", "io_uring reads in flight at most"},
     {"io-chunk", "KiB", "expert read chunk size"},
     {"io-mode", "MODE", "coroutine (default) or remap-sync (the published port's design, for comparison)"},
-    {"lookahead", "N", "layers a streamed forward predicts ahead: 0, 1 (default) or 2"},
+    {"lookahead", "N", "layers a streamed forward predicts ahead: 0, 1 or 2 (default)"},
     {"threads", "N", "compute threads (0 = one per core)"},
     {"ctx-size", "N", "context length per sequence, in tokens"},
     {"backend", "NAME", "auto, cpu or cuda"},

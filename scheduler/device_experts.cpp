@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "config/event_trace.h"
 #include "scheduler/expert_slot_layout.h"
 
 namespace moestream {
@@ -415,6 +416,7 @@ void device_experts::start_fetch(int layer, std::vector<int32_t> experts, int64_
     }
     reserved_ += max;
     ++in_progress_;
+    trace::mark(trace::ev::dev_ask, layer, int32_t(max));
     const auto& f = fetches_.emplace(id, fetch{layer, std::move(experts), max}).first->second;
     // The fill source answers on a thread of its own (the host tier: its strand; the mapping:
     // inside this call): the answer is posted here either way.
@@ -428,6 +430,7 @@ void device_experts::on_fetched(uint64_t id, result<dsv41::ready_experts> r) {
     MS_ASSERT(it != fetches_.end());
     const fetch f = std::move(it->second);
     fetches_.erase(it);
+    trace::mark(trace::ev::dev_answer, f.layer, r ? int32_t(r->size()) : -1);
     reserved_ -= f.max;
     --in_progress_;
     // What the answer holds stays on its way (landed) until it has a slot.
@@ -547,6 +550,7 @@ void device_experts::add_to_fill(int32_t s, const landed& l) {
     sl.src_layer = l.layer;
     sl.src_expert = l.expert;
     sl.issued = clock_type::now();
+    trace::mark(trace::ev::copy_issue, l.layer, l.expert);
     sl.used = ++clock_;
     ++stats_.copies;
     ++loaded_;
@@ -570,6 +574,7 @@ void device_experts::finish_fill(int32_t first) {
         slot& sl = slots_[size_t(s)];
         MS_ASSERT(sl.copying);
         sl.copying = false;
+        trace::mark(trace::ev::copy_done, sl.src_layer, sl.src_expert);
         fill_from_->release(sl.src_layer, sl.src_expert);  // its host slot may be reused now
         sl.src_layer = -1;
         sl.src_expert = -1;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <future>
 
+#include "config/event_trace.h"
 #include "scheduler/expert_slot_layout.h"
 
 namespace moestream {
@@ -310,6 +311,7 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
         if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) continue;
         if (home(key).lookup(key).state != storage::residency::absent) continue;  // resident or joined
         if (!start_read(key, batch)) break;  // the rest are read on demand, as slots free
+        trace::mark(trace::ev::read_demand, layer, e);
         home(key).pin(key);
         need_pins_.push_back(key);
     }
@@ -362,7 +364,9 @@ void tiered_experts::submit_hints() {
     if (opts_.remap_sync || stopping_) return;  // the baseline has no look-ahead; the reader may be gone
     if (hinted_.empty() || reader_->stats().queued_chunks > 0) return;  // demands first
     std::vector<io::read_request> batch;
-    for (expert_key key : hinted_) {
+    size_t taken = 0;  // hinted_[0, taken) are read now or need no read
+    for (; taken < hinted_.size() && hint_reads_in_flight_ < kHintReadsInFlight; ++taken) {
+        const expert_key key = hinted_[taken];
         if (!draft_key(key) && device_ && device_->lookup(key).state != storage::residency::absent) continue;
         storage::expert_cache& c = home(key);
         if (c.lookup(key).state != storage::residency::absent) continue;
@@ -382,10 +386,16 @@ void tiered_experts::submit_hints() {
                 break;
         }
         if (!start_read(key, batch)) break;
+        trace::mark(trace::ev::read_hint, int32_t(storage::key_layer(key)), int32_t(storage::key_expert(key)));
+        loading_[key].hinted = true;
+        ++hint_reads_in_flight_;
         ++counters_.hint_reads;
         hint_started_.insert(key);
     }
-    hinted_.clear();
+    // What the window left waits for the next completion; what found no slot is dropped (the
+    // next prediction or demand asks again).
+    if (hint_reads_in_flight_ < kHintReadsInFlight) hinted_.clear();
+    else hinted_.erase(hinted_.begin(), hinted_.begin() + std::ptrdiff_t(taken));
     submit(batch);
 }
 
@@ -422,6 +432,8 @@ void tiered_experts::finish_read(uint64_t tag, const status& st) {
         ls.error = "injected read error";
     }
     if (--ls.parts_left > 0) return;
+    trace::mark(trace::ev::read_done, layer, expert);
+    if (ls.hinted) --hint_reads_in_flight_;
     home(key).finish_load(key, !ls.failed);
     const bool failed = ls.failed;
     if (failed) {
@@ -682,6 +694,7 @@ bool tiered_experts::try_serve(waiter& w) {
     const auto answer = [&](result<dsv41::ready_experts> r) {
         if (w.waited) counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w.since).count();
         // Called here, on the strand: the forward's callback only posts its resumption.
+        trace::mark(trace::ev::host_answer, layer, r ? int32_t(r->size()) : -1);
         auto done = std::move(w.done);
         done(std::move(r));
         return true;
@@ -728,6 +741,7 @@ bool tiered_experts::try_serve(waiter& w) {
             // Pinned like need()'s reads, so nothing evicts it before it is taken. When no host slot
             // is free it is retried after the next change.
             if (start_read(key, batch)) {
+                trace::mark(trace::ev::read_demand, layer, expert);
                 home(key).pin(key);
                 need_pins_.push_back(key);
             }

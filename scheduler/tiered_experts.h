@@ -173,6 +173,7 @@ class tiered_experts final : public dsv41::expert_source {
         bool failed = false;
         std::string error;
         uint64_t generation = 0;  // need() count when the read started
+        bool hinted = false;      // started by a prediction (counted in hint_reads_in_flight_)
     };
 
     // A request for experts not answered yet (async_ready): answered, in arrival order, by the
@@ -285,6 +286,14 @@ class tiered_experts final : public dsv41::expert_source {
     // up to kHintLayers ahead.
     std::vector<storage::expert_key> hinted_;
     static constexpr uint32_t kHintLayers = 2;
+    // Predictions read at once, at most (experts). The disk serves the reads in flight side by
+    // side, so every read queued beside a demand or a nearer layer's prediction delays it: on the
+    // H200 host's virtio disk one layer's few reads and the next layer's predictions finished
+    // together, the nearer layer waiting for the farther one's bytes (MOESTREAM_TRACE timeline,
+    // docs/streaming.md). A few experts (about 12 requests, ~1.5 GB/s there) keep the disk busy;
+    // the rest wait here, nearest layer first, and go as these land.
+    static constexpr int kHintReadsInFlight = 4;
+    int hint_reads_in_flight_ = 0;
     uint32_t need_layer_ = 0;  // the layer of the latest need()
     std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
     std::set<storage::expert_key> joined_;             // demanded while loading, this layer

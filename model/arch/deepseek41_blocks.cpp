@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "config/event_trace.h"
 #include "model/arch/deepseek41_internal.h"
 
 namespace moestream::dsv41::detail {
@@ -251,6 +252,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     // The picks are the host's to schedule with (a few bytes).
     std::vector<int32_t>& picks = sc.picks;
     picks.resize(size_t(n_assign));
+    trace::mark(trace::ev::picks_wait, layer, int32_t(n));
     e.be.download(picks.data(), ws.picks.data(), picks.size() * sizeof(int32_t));
     if (e.opts.hook) {
         for (int64_t r = 0; r < n; ++r)
@@ -276,6 +278,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
             std::copy(picks.begin(), picks.end(),
                       ws.row_picks.begin() + std::ptrdiff_t(size_t(layer) * size_t(kMaxRecordedRows) * size_t(k)));
     }
+    trace::mark(trace::ev::need, layer, int32_t(needed.size()));
     e.experts.need(layer, needed);
     // Hints carried from the previous forward (model::hint_next_forward) for the next layer.
     std::vector<int32_t>* carried =
@@ -306,11 +309,13 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
             carried->clear();
         }
         distinct(predicted);
+        trace::mark(trace::ev::hint, layer + 1, int32_t(predicted.size()));
         e.experts.hint(layer + 1, predicted);
     }
     if (look_ahead2) {
         download_picks(ws.predicted2, sc.predicted2);
         distinct(sc.predicted2);
+        trace::mark(trace::ev::hint, layer + 2, int32_t(sc.predicted2.size()));
         e.experts.hint(layer + 2, sc.predicted2);
     }
 
@@ -390,8 +395,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         jobs.clear();
         if (!pending.empty()) {
             // Suspends (no thread waits) until the source has at least one of them resident.
+            trace::mark(trace::ev::wait_begin, layer, int32_t(pending.size()));
             auto ready = co_await experts_ready(e.experts, layer, pending, cap, e.resume);
             if (!ready) co_return ready.err();
+            trace::mark(trace::ev::wait_end, layer, int32_t(ready->size()));
             for (auto& [id, ew] : *ready) {
                 const size_t j = size_t(std::lower_bound(needed.begin(), needed.end(), id) - needed.begin());
                 MS_ASSERT(j < needed.size() && needed[j] == id);
@@ -447,6 +454,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     e.be.output_sum(terms, n, dim, out.data(), upd ? &*upd : nullptr);
     for (size_t j = 0; j + 1 < work.size(); ++j)
         if (work[j].down_in_output) e.experts.release(layer, needed[j]);
+    trace::mark(trace::ev::moe_end, layer, 0);
     co_return status{};
 }
 

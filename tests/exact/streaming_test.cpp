@@ -126,8 +126,9 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
     }
 }
 
-// With room for every expert, a second pass over the same prompt reads nothing from disk, and no
-// expert is ever read twice.
+// With room for every expert, a second pass over the same prompt reads nothing it demands from
+// disk, and no expert is ever read twice. (Its only reads are predictions of experts the first
+// pass never needed, left unread there while nearer reads had the disk.)
 BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
     auto& m = fixture(kFx);
     auto t = tiers(m, 0, 5000, 64, 1 << 20);
@@ -140,9 +141,10 @@ BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
     run(m, **t, *m.backend);
     const auto second = (*t)->counters();
     BOOST_TEST(first.disk_reads > 0u);
-    BOOST_TEST(second.disk_reads == first.disk_reads);
+    BOOST_TEST(second.disk_reads - first.disk_reads == second.hint_reads - first.hint_reads);
+    BOOST_TEST(second.hint_used == first.hint_used);
     // Distinct experts touched <= 10 layers * 64 + 3 stages * 16.
-    BOOST_TEST(first.disk_reads <= uint64_t(10 * 64 + 3 * 16));
+    BOOST_TEST(second.disk_reads <= uint64_t(10 * 64 + 3 * 16));
 }
 
 // Engram rows read ahead through io_uring (or, past the arena, on demand) give the same bits.
