@@ -49,7 +49,7 @@ struct io_settings {
     int64_t depth = 64;        // io_uring submissions in flight at most
     int64_t chunk_kib = 1024;  // expert reads are split into chunks of this size
     // Layers a streamed forward predicts ahead (their routers on the current layer's input, sent
-    // as read hints): 0 = none, 1 = the next layer, 2 = the next two. Two: with predictions read a
+    // as read hints): 0 = none, 1 = the next layer, 2 = the next two, 3 = the next three. Two: with predictions read a
     // few at a time, nearest layer first, it decoded streamed mini on the H200 1.18x faster than
     // one (docs/benchmarks.md, eighth session).
     int64_t lookahead_layers = 2;

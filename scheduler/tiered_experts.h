@@ -285,7 +285,7 @@ class tiered_experts final : public dsv41::expert_source {
     // Predicted, not yet read, by layer (nearest first): the layers after the one demanded last,
     // up to kHintLayers ahead.
     std::vector<storage::expert_key> hinted_;
-    static constexpr uint32_t kHintLayers = 2;
+    static constexpr uint32_t kHintLayers = 3;  // io_settings::lookahead_layers at most
     // Predictions read at once, at most (experts). The disk serves the reads in flight side by
     // side, so every read queued beside a demand or a nearer layer's prediction delays it: on the
     // H200 host's virtio disk one layer's few reads and the next layer's predictions finished

@@ -322,8 +322,9 @@ struct model_options {
     // Look-ahead: layer L+1's router applied to layer L's FFN input predicts L+1's experts, sent
     // to the expert source as a hint while layer L computes. Changes I/O only, never results.
     bool lookahead = false;
-    // Layers the look-ahead predicts: 1 = L+1 only; 2 = also L+2 from the same input (a longer
-    // lead for the disk, at a lower hit rate). The hints of L+1 go to the source first.
+    // Layers the look-ahead predicts: 1 = L+1 only; 2 = also L+2, 3 = also L+3 from the same
+    // input (a longer lead for the disk, at a lower hit rate). The nearest layer's hints go to the
+    // source first.
     int lookahead_layers = 1;
 };
 

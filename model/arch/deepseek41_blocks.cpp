@@ -183,7 +183,7 @@ status moe_through_slots(const env& e, const layer_weights& lw, const expert_slo
 coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
                        const float* x, const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
                        const layer_weights* next, const std::function<hc_update()>& update,
-                       const layer_weights* after_next) {
+                       std::span<const layer_weights* const> further) {
     const auto& hp = e.hp;
     workspace& ws = e.ws;
     moe_scratch& sc = ws.moe_host;
@@ -213,7 +213,8 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     // The next layer's router on this input (its picks are a prefetch hint: nothing to fetch
     // when every expert is resident).
     const bool look_ahead = next && e.opts.lookahead && !table;
-    const bool look_ahead2 = look_ahead && after_next;
+    MS_ASSERT(further.size() <= 2);
+    const size_t n_far = look_ahead ? further.size() : 0;  // layers predicted past the next one
     {
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
@@ -224,9 +225,9 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
             ws.ahead.resize(size_t(n * n_experts));
             first.push_back({next->gate_inp, x, dim, n, ws.ahead.data(), n_experts, false, true});
         }
-        if (look_ahead2) {
-            ws.ahead2.resize(size_t(n * n_experts));
-            first.push_back({after_next->gate_inp, x, dim, n, ws.ahead2.data(), n_experts, false, true});
+        for (size_t d = 0; d < n_far; ++d) {
+            ws.ahead_far[d].resize(size_t(n * n_experts));
+            first.push_back({further[d]->gate_inp, x, dim, n, ws.ahead_far[d].data(), n_experts, false, true});
         }
         e.be.matmul_batch(first);
     }
@@ -300,7 +301,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         e.be.download(host.data(), picks_ahead.data(), host.size() * sizeof(int32_t));
     };
     if (look_ahead) route_ahead(*next, ws.ahead, ws.predicted);
-    if (look_ahead2) route_ahead(*after_next, ws.ahead2, ws.predicted2);
+    for (size_t d = 0; d < n_far; ++d) route_ahead(*further[d], ws.ahead_far[d], ws.predicted_far[d]);
     if (look_ahead) {
         std::vector<int32_t>& predicted = sc.predicted;
         download_picks(ws.predicted, predicted);
@@ -312,11 +313,12 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         trace::mark(trace::ev::hint, layer + 1, int32_t(predicted.size()));
         e.experts.hint(layer + 1, predicted);
     }
-    if (look_ahead2) {
-        download_picks(ws.predicted2, sc.predicted2);
-        distinct(sc.predicted2);
-        trace::mark(trace::ev::hint, layer + 2, int32_t(sc.predicted2.size()));
-        e.experts.hint(layer + 2, sc.predicted2);
+    for (size_t d = 0; d < n_far; ++d) {
+        std::vector<int32_t>& far = sc.predicted_far[d];
+        download_picks(ws.predicted_far[d], far);
+        distinct(far);
+        trace::mark(trace::ev::hint, layer + 2 + int(d), int32_t(far.size()));
+        e.experts.hint(layer + 2 + int(d), far);
     }
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets

@@ -39,7 +39,8 @@ struct expert_work {
 // moe()'s host bookkeeping, kept in the workspace between calls (decode runs it 40 times a
 // token); not thread_local: a forward suspended in moe() may continue on another thread.
 struct moe_scratch {
-    std::vector<int32_t> picks, needed, predicted, predicted2, pending;
+    std::vector<int32_t> picks, needed, predicted, pending;
+    std::vector<int32_t> predicted_far[2];  // L+2, L+3
     std::vector<int64_t> x_rows, w_index;
     std::vector<size_t> group;
     std::vector<matmul_job> jobs;
@@ -85,8 +86,11 @@ struct workspace {
     // attend_and_project
     barray<float> o{be}, u{be};
     // moe
-    barray<float> moe_xq{be}, scores{be}, ahead{be}, ahead2{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
-    barray<int32_t> picks{be}, predicted{be}, predicted2{be};
+    barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
+    barray<int32_t> picks{be}, predicted{be};
+    // The look-ahead's layers past the next one (L+2, L+3): their router scores and picks.
+    barray<float> ahead_far[2]{barray<float>{be}, barray<float>{be}};
+    barray<int32_t> predicted_far[2]{barray<int32_t>{be}, barray<int32_t>{be}};
     barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
     barray<float> sorted_weights{be};
     barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};
@@ -145,14 +149,16 @@ void attend_and_project(const env& e, const layer_weights& lw, const barray<floa
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
 // `extra` matmuls (independent of the MoE) join the router's parallel step.
 // `next`: the following layer, whose router predicts its experts when opts.lookahead is on;
-// `after_next`: the one after it (opts.lookahead_layers >= 2), predicted from the same input.
+// `further`: the layers after it that opts.lookahead_layers reaches (L+2, L+3; at most two),
+// predicted from the same input.
 // `update` (may be empty): called after the router's step (so `extra` may compute what it needs);
 // the residual update it returns is applied in the pass that forms `out`.
 // A coroutine: it suspends while its experts are not resident (the caller co_awaits it).
 coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
                        const float* x, const rows_info& rows, barray<float>& out,
                        std::span<const matmul_job> extra = {}, const layer_weights* next = nullptr,
-                       const std::function<hc_update()>& update = {}, const layer_weights* after_next = nullptr);
+                       const std::function<hc_update()>& update = {},
+                       std::span<const layer_weights* const> further = {});
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
 inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {

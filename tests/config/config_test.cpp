@@ -55,7 +55,7 @@ BOOST_AUTO_TEST_CASE(errors_name_the_field) {
     check(R"({"io": {"depth": 0}})", "io.depth");
     check(R"({"io": {"chunk_kib": 6}})", "io.chunk_kib");
     check(R"({"io": {"mode": "fast"}})", "io.mode");
-    check(R"({"io": {"lookahead_layers": 3}})", "io.lookahead_layers");
+    check(R"({"io": {"lookahead_layers": 4}})", "io.lookahead_layers");
     check(R"({"cache": {"device_cache_gb": 1}})", "cache.device_cache_gb");
     check(R"({"caches": {}})", "caches");
     check(R"({"server": {"port": 70000}})", "server.port");

@@ -92,7 +92,7 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
         uint64_t chunk;
         int threads;
         bool remap = false;
-        int lookahead_layers = 1;  // 2: L+2 predicted too
+        int lookahead_layers = 1;  // 2: L+2 predicted too; 3: L+3 as well
     };
     // From "one expert in each tier" (every expert read again and again) to everything fits.
     for (const config c : {config{1, 1, 1, 4096, 1}, config{2, 3, 2, 4096, 2}, config{6, 2, 64, 8192, 3},
@@ -100,7 +100,8 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                            config{2000, 2000, 64, 1 << 20, 2}, config{3, 4, 64, 1 << 20, 2, true},
                            config{0, 6, 64, 1 << 20, 1, true}, config{1, 1, 1, 4096, 1, false, 2},
                            config{2, 3, 2, 4096, 2, false, 2}, config{0, 7, 4, 4096, 2, false, 2},
-                           config{64, 8, 16, 1 << 20, 2, false, 2}}) {
+                           config{64, 8, 16, 1 << 20, 2, false, 2}, config{2, 3, 2, 4096, 2, false, 3},
+                           config{0, 7, 4, 4096, 2, false, 3}}) {
         auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap);
         if (skip_without_io_uring(t)) return;
         cpu_backend be(c.threads);
