@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "server/api_error.h"
+#include "server/peer_watch.h"
 #include "server/service.h"
 #include "server/websocket_session.h"
 
@@ -200,17 +201,6 @@ asio::awaitable<void> lingering_close(beast::tcp_stream& s) {
     s.socket().close(ignored);
 }
 
-// Resolves when the peer closes the connection (or the socket fails); pipelined request bytes
-// are not a disconnect, so then it waits until cancelled.
-asio::awaitable<void> watch_peer(tcp::socket& s) {
-    auto [ec] = co_await s.async_wait(tcp::socket::wait_read, use_nothrow);
-    if (ec) co_return;
-    boost::system::error_code aec;
-    if (s.available(aec) == 0 || aec) co_return;  // readable with nothing to read: EOF or reset
-    asio::steady_timer forever(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
-    co_await forever.async_wait(use_nothrow);
-}
-
 std::string header_value(const http::request<http::string_body>& req, std::string_view name) {
     auto it = req.find(name);
     return it == req.end() ? std::string() : std::string(it->value());
@@ -230,7 +220,18 @@ asio::awaitable<void> http_server::impl::accept_loop() {
         }
         auto c = std::make_shared<connection>(std::move(sock));
         auto ex = c->stream.get_executor();
-        asio::co_spawn(ex, session(std::move(c)), asio::detached);
+        asio::co_spawn(ex, session(std::move(c)), [](std::exception_ptr e) {
+            // A write to a client that has gone throws a system_error: routine. Anything else
+            // ended a request that should have been answered: say so.
+            if (!e) return;
+            try {
+                std::rethrow_exception(e);
+            } catch (const boost::system::system_error& x) {
+                spdlog::debug("connection closed: {}", x.what());
+            } catch (const std::exception& x) {
+                spdlog::error("a connection ended on an exception: {}", x.what());
+            }
+        });
     }
 }
 
