@@ -254,7 +254,8 @@ status validate(const moestream_config& c) {
           (c.cache.draft_cache_gib >= 0 && c.cache.draft_cache_gib <= 65536)))
         return bad("cache.draft_cache_gib (--draft-cache)", "must be all or between 0 and 65536 GiB");
     if (c.io.depth < 1 || c.io.depth > 4096) return bad("io.depth (--io-depth)", "must be between 1 and 4096");
-    if (c.io.lookahead_layers < 0 || c.io.lookahead_layers > 3)
+    static_assert(kMaxLookaheadLayers == 3, "the message below lists the depths");
+    if (c.io.lookahead_layers < 0 || c.io.lookahead_layers > kMaxLookaheadLayers)
         return bad("io.lookahead_layers (--lookahead)", "must be 0, 1, 2 or 3");
     if (c.io.chunk_kib < 4 || c.io.chunk_kib > 65536 || c.io.chunk_kib % 4 != 0)
         return bad("io.chunk_kib (--io-chunk)", "must be a multiple of 4 between 4 and 65536 KiB (O_DIRECT alignment)");

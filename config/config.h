@@ -45,13 +45,17 @@ uint64_t host_tier_bytes(const cache_settings& c, uint64_t available_bytes);
 
 enum class io_mode { coroutine, remap_sync };
 
+// The look-ahead's reach: the next layer and the two after it. The model keeps router scores for
+// the layers past the next (dsv41 forward), the expert tier a hint window that deep.
+inline constexpr int kMaxLookaheadLayers = 3;
+
 struct io_settings {
     int64_t depth = 64;        // io_uring submissions in flight at most
     int64_t chunk_kib = 1024;  // expert reads are split into chunks of this size
     // Layers a streamed forward predicts ahead (their routers on the current layer's input, sent
     // as read hints): 0 = none, 1 = the next layer, 2 = the next two, 3 = the next three. Two: with predictions read a
     // few at a time, nearest layer first, it decoded streamed mini on the H200 1.18x faster than
-    // one (docs/benchmarks.md, eighth session).
+    // one (docs/benchmarks.md, eighth session). At most kMaxLookaheadLayers.
     int64_t lookahead_layers = 2;
     io_mode mode = io_mode::coroutine;
 };

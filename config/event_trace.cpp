@@ -73,10 +73,7 @@ event_log& the_log() {
 }  // namespace
 
 bool enabled() {
-    static const bool on = [] {
-        const char* p = std::getenv("MOESTREAM_TRACE");
-        return p && *p;
-    }();
+    static const bool on = !the_log().path.empty();
     return on;
 }
 

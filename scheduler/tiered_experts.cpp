@@ -132,6 +132,11 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
     // The draft's experts in slots of their own (so drafting never evicts the target's), host
     // memory laid out as the host tier's (reads land in place); kDraftAll: every one of them.
     t->n_layers_ = hp.n_layers;
+    // Kept first-layer experts stay pinned in the host tier; with a device tier of the tier's own
+    // (exclusive of the host's) they would have to move, so only without one (CUDA's slots sit
+    // on top of this tier instead).
+    if (opts.keep_first_layer && t->device_slots_ == 0 && uint64_t(t->host_slots_) >= 8 * uint64_t(hp.n_experts))
+        t->keep_budget_ = size_t(hp.n_experts);
     if (m.draft_file && opts.draft_bytes > 0) {
         const uint64_t draft_experts = uint64_t(hp.n_mtp) * uint64_t(hp.dspark_n_experts);
         t->draft_slots_ = uint32_t(opts.draft_bytes == tier_options::kDraftAll
@@ -255,9 +260,9 @@ void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
     need_layer_ = uint32_t(layer);
     // Predictions for this layer are now facts, older ones are stale; those of the next layers
     // (a look-ahead deeper than one layer) still stand.
-    const auto ahead = [layer](expert_key k) {
-        const uint32_t l = storage::key_layer(k);
-        return l > uint32_t(layer) && l <= uint32_t(layer) + kHintLayers;
+    const auto ahead = [this](expert_key k) {
+        const uint32_t d = lead(storage::key_layer(k));
+        return d > 0 && d <= kHintLayers;
     };
     std::erase_if(hinted_, [&](expert_key k) { return !ahead(k); });
     ++generation_;
@@ -350,12 +355,19 @@ void tiered_experts::hint(int layer, std::span<const int32_t> experts) {
     });
 }
 
+uint32_t tiered_experts::lead(uint32_t layer) const {
+    const uint32_t n = uint32_t(n_layers_);
+    if (layer >= need_layer_) return layer - need_layer_;
+    if (need_layer_ >= n) return layer < n ? layer + 1 : kNotAhead;  // a draft stage: the next forward follows
+    return layer + n - need_layer_;                                   // the next forward's layer
+}
+
 void tiered_experts::on_hint(int layer, const std::vector<int32_t>& experts) {
     // A layer's newest prediction replaces its older one; the nearest layer's go first.
     std::erase_if(hinted_, [layer](expert_key k) { return storage::key_layer(k) == uint32_t(layer); });
     for (int32_t e : experts) hinted_.push_back(make_expert_key(uint32_t(layer), uint32_t(e)));
-    std::stable_sort(hinted_.begin(), hinted_.end(), [](expert_key a, expert_key b) {
-        return storage::key_layer(a) < storage::key_layer(b);
+    std::stable_sort(hinted_.begin(), hinted_.end(), [this](expert_key a, expert_key b) {
+        return lead(storage::key_layer(a)) < lead(storage::key_layer(b));
     });
     submit_hints();
 }
@@ -379,8 +391,7 @@ void tiered_experts::submit_hints() {
             if (!victim) break;
             const auto vk = c.key_in(*victim);
             if (!vk) break;
-            const uint32_t kl = storage::key_layer(key), vl = storage::key_layer(*vk);
-            const bool nearer = need_layer_ < kl ? vl >= need_layer_ && vl < kl : vl + 1 == kl;
+            const bool nearer = lead(storage::key_layer(*vk)) < lead(storage::key_layer(key));
             if (nearer || hint_started_.count(*vk) ||
                 std::find(hinted_.begin(), hinted_.end(), *vk) != hinted_.end())
                 break;
@@ -449,6 +460,7 @@ void tiered_experts::finish_read(uint64_t tag, const status& st) {
         }
     }
     loading_.erase(it);
+    if (!failed && layer == 0 && kept_.size() < keep_budget_ && kept_.insert(key).second) home(key).pin(key);
     if (!failed && device_ && !opts_.remap_sync && !draft_key(key) &&
         std::find(need_pins_.begin(), need_pins_.end(), key) != need_pins_.end())
         start_promotion(key, false);
@@ -808,6 +820,8 @@ std::vector<storage::expert_key> tiered_experts::resident_keys(tier which) const
 void tiered_experts::forget_resident() {
     run_on_strand([this] {
         MS_ASSERT_MSG(waiters_.empty(), "forget_resident() while a forward awaits its experts");
+        for (expert_key k : kept_) host_->unpin(k);
+        kept_.clear();
         for (storage::expert_cache* c : {device_.get(), host_.get(), draft_.get()}) {
             if (!c) continue;
             for (expert_key k : c->resident_keys())

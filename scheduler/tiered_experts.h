@@ -71,6 +71,11 @@ struct tier_options {
     io::reader_options io;
     std::string policy = "lru";
     bool lock_host = false;     // mlock the host tier (pinned memory)
+    // The first layer's experts stay in the host tier once read (while that takes at most an
+    // eighth of it): nothing predicts the first layer (its router is the forward's first), so
+    // each of its misses stalls the step for a whole read, where a later layer's miss is mostly
+    // read while the layers before it compute.
+    bool keep_first_layer = true;
     // Baseline of the published port (--io-mode remap-sync): need() blocks until a pool of
     // `remap_threads` threads has pread() every part of every miss, one request per tensor part,
     // through the page cache; no queue, no overlap with compute. Kept to measure the difference.
@@ -283,9 +288,14 @@ class tiered_experts final : public dsv41::expert_source {
     // read cannot evict them first); a take takes them over.
     std::vector<storage::expert_key> need_pins_;
     // Predicted, not yet read, by layer (nearest first): the layers after the one demanded last,
-    // up to kHintLayers ahead.
+    // up to kHintLayers ahead, counting on into the next forward's first layers (lead()).
     std::vector<storage::expert_key> hinted_;
-    static constexpr uint32_t kHintLayers = 3;  // io_settings::lookahead_layers at most
+    // Layers from the one demanded last to `layer` (0: that layer): past the target's last layer
+    // (or a draft stage after it) the count goes on with the next forward's first layers, which
+    // the last layers' look-ahead predicts. kNotAhead: nothing sensible ahead.
+    uint32_t lead(uint32_t layer) const;
+    static constexpr uint32_t kNotAhead = UINT32_MAX;
+    static constexpr uint32_t kHintLayers = uint32_t(kMaxLookaheadLayers);
     // Predictions read at once, at most (experts). The disk serves the reads in flight side by
     // side, so every read queued beside a demand or a nearer layer's prediction delays it: on the
     // H200 host's virtio disk one layer's few reads and the next layer's predictions finished
@@ -296,6 +306,8 @@ class tiered_experts final : public dsv41::expert_source {
     int hint_reads_in_flight_ = 0;
     uint32_t need_layer_ = 0;  // the layer of the latest need()
     std::set<storage::expert_key> hint_started_;       // read because of a hint, not yet demanded
+    std::set<storage::expert_key> kept_;  // first-layer experts pinned in the host tier (keep_first_layer)
+    size_t keep_budget_ = 0;
     std::set<storage::expert_key> joined_;             // demanded while loading, this layer
     uint64_t step_ = 0;
     tier_counters counters_;

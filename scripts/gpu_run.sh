@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [pdl] [modes] [spec] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [pdl] [modes] [spec] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -78,6 +78,21 @@ if [[ $what == *stream* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   timeout 300 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf --device-cache 0.80 --host-cache 3.22 \
     -n 32 --prompt-tokens 256 > "$OUT/stream_mini.log" 2>&1
   summary+=("bench decode streaming mini exit $?: $(grep -E 'GPU|remap' "$OUT/stream_mini.log" | tr '\n' ' ')")
+fi
+if [[ $what == *ab* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # Rounds of streamed mini (published proportions) over look-ahead settings, engine alone
+  # (--no-remap): AB="depth:keep ..." (keep 0: MOESTREAM_KEEP_FIRST_LAYER=0), AB_ROUNDS rounds,
+  # interleaved so that drift hits every setting alike.
+  [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
+  for r in $(seq 1 ${AB_ROUNDS:-2}); do
+    for cfg in ${AB:-2:1 2:0 3:1}; do
+      la=${cfg%%:*}; keep=${cfg##*:}
+      MOESTREAM_KEEP_FIRST_LAYER=$keep timeout 200 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf \
+        --device-cache 0.80 --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs on --no-remap --lookahead $la \
+        > "$OUT/ab_la${la}_keep${keep}_r$r.log" 2>&1
+      summary+=("ab la $la keep $keep round $r exit $?: $(grep -E 'new content|GPU, graphs' "$OUT/ab_la${la}_keep${keep}_r$r.log" | tr '\n' ' ')")
+    done
+  done
 fi
 if [[ $what == *pdl* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   # Step graphs with programmatic edges (the default) against plain ones, same run.

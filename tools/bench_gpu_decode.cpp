@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "tools/bench_disk.h"
 #include "tools/bench_stats.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
@@ -223,7 +224,7 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
 }  // namespace
 
 int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n, int64_t prompt_len,
-                   bool with_graphs, bool with_stream) {
+                   bool with_graphs, bool with_stream, bool compare) {
     moestream_config c = cfg;
     c.runtime.backend = "cuda";
     // The slots fill from a host tier read through io_uring (the serving path), so a device cache
@@ -256,9 +257,14 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
     double t_gpu = 0;
     // Each step replayed as a CUDA graph (the default), then every kernel launched on the stream.
     const bool streaming = s.slots->slots() < s.files->total_experts();
+    // Streaming: the disk's own bandwidth, measured here, bounds the decode (its ceiling below).
+    const double raw = streaming ? raw_disk_bandwidth(*s.files, c, uint64_t(1) << 30) : 0;
+    double stream_bytes_per_token = 0;
     if (streaming)
         std::printf("streaming: the model file's pages are dropped from the page cache before each pass (new "
-                    "content for remap-sync's buffered reads; the engine reads with O_DIRECT)\n");
+                    "content for remap-sync's buffered reads; the engine reads with O_DIRECT); raw O_DIRECT read "
+                    "bandwidth of the file (same depth and chunk): %.2f GB/s\n",
+                    raw / 1e9);
     for (bool graphs : {true, false}) {
         if (graphs ? !with_graphs : !with_stream) continue;
         cuda::set_graphs(gpu, graphs);
@@ -308,12 +314,38 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                     bytes / 1e6, dense / 1e6, g->expert_bytes_per_token / 1e6, bytes_floor * 1e3,
                     replayed ? "graph-node" : "launch", launch_floor * 1e3, (bytes_floor + launch_floor) * 1e3,
                     t / (bytes_floor + launch_floor));
-        if (graphs) t_gpu = t;
+        if (graphs) {
+            t_gpu = t;
+            stream_bytes_per_token = g->disk_bytes_per_token;
+        }
     }
-    if (streaming) {
-        // Not every expert fits: the MoE is scheduled on the host (picks read back each layer),
-        // misses read into the host tier and uploaded synchronously; remap-sync beside it.
+    if (streaming && t_gpu > 0) {
+        // The ceiling: the disk's rate for the bytes a step read, or the rate with every expert
+        // resident (measured here when the card holds them all), whichever is lower.
         s.print_streaming_stats();
+        double resident_tps = 0;
+        {
+            moestream_config all = c;
+            all.cache.device_cache_gib = 1e6;  // clamped to every expert
+            auto res = open_model_session(all, false, true);
+            if (!res) {
+                std::printf("resident rate not measured (%s): the ceiling is the disk's alone\n", res.message().c_str());
+            } else {
+                cuda::set_graphs(*(*res)->compute, true);
+                auto r = decode_on(**res, *(*res)->slots, prompt_len, n);
+                if (!r) return fail(name, r.message());
+                resident_tps = 1.0 / median(r->token_s);
+            }
+        }
+        const double disk_tps = stream_bytes_per_token > 0 ? raw / stream_bytes_per_token : 1e30;
+        const double ceiling = resident_tps > 0 ? std::min(disk_tps, resident_tps) : disk_tps;
+        std::printf("new content: %.2f tok/s (graphs, median step); ceiling min(%.2f GB/s / %.1f MB read a step = %.2f, "
+                    "resident %.2f) = %.2f tok/s; ratio %.2f (target >= 0.9)\n",
+                    1.0 / t_gpu, raw / 1e9, stream_bytes_per_token / 1e6, disk_tps, resident_tps, ceiling,
+                    1.0 / t_gpu / ceiling);
+    }
+    if (!compare) return 0;  // --no-remap: the engine's figures alone (rounds of an A/B)
+    if (streaming && t_gpu > 0) {
         c.io.mode = io_mode::remap_sync;
         drop_page_cache(s.files->target);
         auto remap = open_model_session(c, false, true);
@@ -369,7 +401,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
 
 #else
 
-int run_gpu_decode(std::string_view name, const moestream_config&, int64_t, int64_t, bool, bool) {
+int run_gpu_decode(std::string_view name, const moestream_config&, int64_t, int64_t, bool, bool, bool) {
     return fail(name, "--backend cuda: this build has no CUDA backend (nvcc was not found when it was built)");
 }
 

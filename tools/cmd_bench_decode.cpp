@@ -12,6 +12,7 @@
 #include <set>
 
 #include "scheduler/model_gguf.h"
+#include "tools/bench_disk.h"
 #include "tools/bench_gpu_decode.h"
 #include "tools/command.h"
 #include "tools/model_session.h"
@@ -88,25 +89,6 @@ void make_cold(const loaded_model& m) {
     });
 }
 
-// Raw O_DIRECT bandwidth of the model file at the engine's chunk size and depth: chunk-sized
-// requests over the expert region, everything queued at once.
-double raw_disk_bandwidth(const loaded_model& m, const moestream_config& cfg, uint64_t bytes) {
-    io::reader_options o{uint32_t(cfg.io.depth), uint64_t(cfg.io.chunk_kib) * 1024, true};
-    auto r = io::uring_reader::open({m.target.shard_path(0)}, o, [](uint64_t, const status&) {});
-    if (!r) return 0;
-    const uint64_t size = (*r)->file_size(0);
-    bytes = std::min(bytes, size / 2) / o.chunk_bytes * o.chunk_bytes;
-    auto buf = io::aligned_buffer::allocate(size_t(bytes));
-    if (!buf || bytes == 0) return 0;
-    std::vector<io::read_request> reqs;
-    const uint64_t start = (size - bytes) / 2 / 4096 * 4096;  // the middle of the file: experts
-    for (uint64_t off = 0; off < bytes; off += o.chunk_bytes)
-        reqs.push_back({0, start + off, o.chunk_bytes, buf->data() + off, 0});
-    (*r)->submit(reqs);
-    (*r)->wait_idle();
-    return (*r)->stats().bandwidth();
-}
-
 struct phase_result {
     double ttft = 0, decode_tps = 0, decode_s = 0, wait_s = 0, engram_wait_s = 0, copy_s = 0;
     uint64_t disk_bytes = 0, demands = 0, device_hits = 0, steps = 0;
@@ -172,8 +154,8 @@ int run(const cli::args& a) {
     auto n = a.get_int("n-predict", 32);
     if (!n) return usage_error(kName, n.message());
     if (*n < 1) return usage_error(kName, "-n must be >= 1");
-    // On the GPU (until the coroutine scheduler streams into VRAM): experts in VRAM slots, against
-    // the floor and the CPU (tools/bench_gpu_decode.cpp).
+    // On the GPU: experts in VRAM slots, against the floor (streaming: the disk's ceiling), the
+    // remap-sync baseline and the CPU unless --no-remap (tools/bench_gpu_decode.cpp).
     if (cfg->runtime.backend == "cuda") {
         auto p = a.get_int("prompt-tokens", 2048);
         if (!p) return usage_error(kName, p.message());
@@ -181,7 +163,7 @@ int run(const cli::args& a) {
         const std::string graphs = a.get_or("graphs", "both");
         if (graphs != "both" && graphs != "on" && graphs != "off")
             return usage_error(kName, "--graphs must be both, on or off (got '" + graphs + "')");
-        return run_gpu_decode(kName, *cfg, *n, *p, graphs != "off", graphs != "on");
+        return run_gpu_decode(kName, *cfg, *n, *p, graphs != "off", graphs != "on", !a.flag("no-remap"));
     }
     cfg->runtime.backend = "cpu";  // the tiers below are the CPU backend's
     std::vector<std::string> prompts;
@@ -269,7 +251,8 @@ const std::vector<cli::option_spec>& options() {
         {"model", "FILE.gguf", "deepseek41 model file (with its tokenizer)"},
         {"prompts", "FILE", "one prompt per line (default: three built-in prompts of different content)"},
         {"n-predict", "N", "tokens generated per prompt (default 32)", 'n'},
-        {"no-remap", "", "skip the comparison runs (without look-ahead, --io-mode remap-sync)"},
+        {"no-remap", "", "skip the comparison runs (without look-ahead, --io-mode remap-sync; --backend cuda: "
+                         "remap-sync, the per-op profile and the CPU backend)"},
         {"prompt-tokens", "N", "--backend cuda: the prefill prompt's length (default 2048)"},
         {"graphs", "both|on|off", "--backend cuda: decode with steps as CUDA graphs, with stream launches, or both "
                                   "(default both; off alone suits a profiler that times kernels one by one)"},

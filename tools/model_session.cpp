@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <string_view>
 #include <thread>
 
 #include "storage/system_memory.h"
@@ -112,6 +114,9 @@ tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes) {
     t.remap_sync = cfg.io.mode == io_mode::remap_sync;
     t.draft_bytes = cfg.cache.draft_cache_gib == cache_settings::k_all ? tier_options::kDraftAll
                                                                         : uint64_t(cfg.cache.draft_cache_gib * kGiB);
+    // A/B switch for measuring what keeping the first layer gains (docs/streaming.md).
+    if (const char* k = std::getenv("MOESTREAM_KEEP_FIRST_LAYER"); k && std::string_view(k) == "0")
+        t.keep_first_layer = false;
     return t;
 }
 

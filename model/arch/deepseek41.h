@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config/config.h"
 #include "config/result.h"
 #include "model/arch/deepseek41_hparams.h"
 #include "model/backend.h"
@@ -324,7 +325,7 @@ struct model_options {
     bool lookahead = false;
     // Layers the look-ahead predicts: 1 = L+1 only; 2 = also L+2, 3 = also L+3 from the same
     // input (a longer lead for the disk, at a lower hit rate). The nearest layer's hints go to the
-    // source first.
+    // source first. At most kMaxLookaheadLayers (config/config.h).
     int lookahead_layers = 1;
 };
 

@@ -213,7 +213,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     // The next layer's router on this input (its picks are a prefetch hint: nothing to fetch
     // when every expert is resident).
     const bool look_ahead = next && e.opts.lookahead && !table;
-    MS_ASSERT(further.size() <= 2);
+    MS_ASSERT(further.size() <= size_t(kMaxLookaheadLayers - 1));
     const size_t n_far = look_ahead ? further.size() : 0;  // layers predicted past the next one
     {
         std::vector<matmul_job>& first = sc.jobs;

@@ -40,7 +40,7 @@ struct expert_work {
 // token); not thread_local: a forward suspended in moe() may continue on another thread.
 struct moe_scratch {
     std::vector<int32_t> picks, needed, predicted, pending;
-    std::vector<int32_t> predicted_far[2];  // L+2, L+3
+    std::vector<int32_t> predicted_far[kMaxLookaheadLayers - 1];  // L+2, L+3
     std::vector<int64_t> x_rows, w_index;
     std::vector<size_t> group;
     std::vector<matmul_job> jobs;
@@ -89,8 +89,9 @@ struct workspace {
     barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
     barray<int32_t> picks{be}, predicted{be};
     // The look-ahead's layers past the next one (L+2, L+3): their router scores and picks.
-    barray<float> ahead_far[2]{barray<float>{be}, barray<float>{be}};
-    barray<int32_t> predicted_far[2]{barray<int32_t>{be}, barray<int32_t>{be}};
+    static_assert(kMaxLookaheadLayers == 3, "one initializer per layer past the next");
+    barray<float> ahead_far[kMaxLookaheadLayers - 1]{barray<float>{be}, barray<float>{be}};
+    barray<int32_t> predicted_far[kMaxLookaheadLayers - 1]{barray<int32_t>{be}, barray<int32_t>{be}};
     barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
     barray<float> sorted_weights{be};
     barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};

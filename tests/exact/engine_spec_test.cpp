@@ -171,6 +171,7 @@ BOOST_AUTO_TEST_CASE(speculative_serving_gives_plain_serving_tokens, *needs()) {
     add("dspark k 2", "dspark", 2, false);
     add("dspark auto", "dspark", 5, true);
     add("oracle 1 k 5", "", 5, false, 1.0);
+    add("oracle 0.5 k 3", "", 3, false, 0.5);
     add("oracle 0.5 auto", "", 5, true, 0.5);
     for (const auto& c : configs) {
         const auto got = serve(*m.model, c.o, stop);
@@ -212,7 +213,10 @@ BOOST_AUTO_TEST_CASE(speculative_serving_gives_plain_serving_tokens, *needs()) {
             BOOST_TEST(accepted > 0);
             BOOST_TEST(s.steps < plain.stats.steps, c.what);  // fewer forwards for the same tokens
         }
-        if (c.what == "oracle 0.5 auto") BOOST_TEST((accepted > 0 && accepted < drafted), c.what);
+        // Drafts that partly stand, at a fixed length. (The adaptive policy's lengths follow the
+        // step times it measures: on a loaded machine it may stop after its first probes, so
+        // under "auto" only the tokens are checked.)
+        if (c.what == "oracle 0.5 k 3") BOOST_TEST((accepted > 0 && accepted < drafted), c.what);
         BOOST_TEST_MESSAGE(c.what << ": " << s.steps << " steps (plain " << plain.stats.steps << "), accepted "
                                   << accepted << " of " << drafted);
     }

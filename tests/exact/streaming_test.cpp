@@ -149,6 +149,68 @@ BOOST_AUTO_TEST_CASE(warm_tiers_read_nothing_again, *needs()) {
 }
 
 // Engram rows read ahead through io_uring (or, past the arena, on demand) give the same bits.
+// The last layers' look-ahead predicts the next forward's first layers: such a prediction stands
+// while the rest of this forward's layers are demanded (it is ahead, not behind) and counts as
+// used when the next forward demands it.
+BOOST_AUTO_TEST_CASE(predictions_past_the_last_layer_stand_until_the_next_forward, *needs()) {
+    auto& m = fixture(kFx);
+    auto t = tiers(m, 0, 5000, 64, 1 << 20);
+    if (skip_without_io_uring(t)) return;
+    tiered_experts& tier = **t;
+    const int n = int(m.hp().n_layers);
+    const auto demand = [&](int layer, int32_t expert) {
+        const int32_t ids[] = {expert};
+        tier.need(layer, ids);
+        auto got = tier.acquire_ready(layer, ids, 1);
+        BOOST_TEST_REQUIRE(got.ok(), (got.ok() ? std::string() : got.message()));
+        BOOST_TEST_REQUIRE(got->size() == 1u);
+        tier.release(layer, expert);
+    };
+    demand(n - 2, 1);
+    const int32_t predicted[] = {5};
+    tier.hint(0, predicted);  // as the look-ahead of layer n-2 with two layers' reach sends it
+    BOOST_TEST(tier.counters().hint_reads == 1u);
+    demand(n - 1, 2);
+    demand(0, 5);
+    const auto k = tier.counters();
+    BOOST_TEST(k.hint_reads == 1u);
+    BOOST_TEST(k.hint_used == 1u, "the next forward's prediction was dropped as stale");
+    BOOST_TEST(k.disk_reads == 3u);  // 1, 5 (predicted), 2: nothing read twice
+}
+
+// Nothing predicts the first layer (its router is the forward's first), so its experts stay in
+// the host tier once read, in at most an eighth of it: a second pass over the same tokens finds
+// every first-layer expert it needs there, where LRU alone had lost some of them.
+BOOST_AUTO_TEST_CASE(the_first_layer_stays_in_the_host_tier, *needs()) {
+    auto& m = fixture(kFx);
+    const auto reference = run(m, *m.experts, *m.backend);
+    auto probe = tiered_experts::create(*m.files, budgets(1 << 26, 1 << 26));
+    if (skip_without_io_uring(probe)) return;
+    uint64_t second_pass_reads[2] = {};
+    for (const bool keep : {true, false}) {
+        tier_options o;
+        o.host_bytes = 8 * uint64_t(m.hp().n_experts) * (*probe)->host_slot_bytes();
+        o.keep_first_layer = keep;
+        auto t = tiered_experts::create(*m.files, o);
+        BOOST_TEST_REQUIRE(t.ok(), (t.ok() ? std::string() : t.message()));
+        const auto first_layer = [&] {
+            std::vector<spec::layer_tally> tallies(size_t(m.hp().n_layers));
+            BOOST_TEST_REQUIRE((*t)->layer_tallies(tallies));
+            return tallies[0];
+        };
+        BOOST_TEST(same_bits(run(m, **t, *m.backend), reference));
+        const auto after_first = first_layer();
+        BOOST_TEST(same_bits(run(m, **t, *m.backend), reference));
+        const auto after_second = first_layer();
+        second_pass_reads[keep ? 0 : 1] =
+            (after_second.missing - after_first.missing) + (after_second.in_flight - after_first.in_flight);
+        BOOST_TEST_MESSAGE("keep " << keep << ": the second pass read " << second_pass_reads[keep ? 0 : 1]
+                                   << " first-layer experts, " << (*t)->host_slots() << " host slots");
+    }
+    BOOST_TEST(second_pass_reads[0] == 0u);
+    BOOST_TEST(second_pass_reads[1] > 0u, "LRU kept every first-layer expert: the case shows nothing");
+}
+
 BOOST_AUTO_TEST_CASE(engram_rows_read_ahead_give_the_same_bits, *needs()) {
     auto& m = fixture(kFx);
     const auto reference = run(m, *m.experts, *m.backend);
