@@ -259,7 +259,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
     const bool streaming = s.slots->slots() < s.files->total_experts();
     // Streaming: the disk's own bandwidth, measured here, bounds the decode (its ceiling below).
     const double raw = streaming ? raw_disk_bandwidth(*s.files, c, uint64_t(1) << 30) : 0;
-    double stream_bytes_per_token = 0;
+    double stream_bytes_per_token = 0, stream_prefill_tps = 0;
     if (streaming)
         std::printf("streaming: the model file's pages are dropped from the page cache before each pass (new "
                     "content for remap-sync's buffered reads; the engine reads with O_DIRECT); raw O_DIRECT read "
@@ -317,6 +317,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
         if (graphs) {
             t_gpu = t;
             stream_bytes_per_token = g->disk_bytes_per_token;
+            stream_prefill_tps = g->prefill_tps;
         }
     }
     if (streaming && t_gpu > 0) {
@@ -355,6 +356,12 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
         std::printf("GPU, --io-mode remap-sync (the published port's per-layer blocking reads): decode %.3f ms/token "
                     "(median of %zu; the page cache dropped before each step): the engine is %.2fx faster\n",
                     median(r->token_s) * 1e3, r->token_s.size(), median(r->token_s) / t_gpu);
+        // Time to first token on new content: the pass's first prompt, its tiers empty but for
+        // the 64-token warm-up forward before it.
+        std::printf("GPU, new content: the %lld-token prompt's prefill (time to first token) %.3f s, remap-sync "
+                    "%.3f s: %.2fx\n",
+                    static_cast<long long>(prompt_len), double(prompt_len) / stream_prefill_tps,
+                    double(prompt_len) / r->prefill_tps, r->prefill_tps > 0 ? stream_prefill_tps / r->prefill_tps : 0.0);
         (*remap)->print_streaming_stats();
     }
     // Where a step's device time goes: stream launches with an event after every op (16 steps).

@@ -39,7 +39,7 @@ struct expert_work {
 // moe()'s host bookkeeping, kept in the workspace between calls (decode runs it 40 times a
 // token); not thread_local: a forward suspended in moe() may continue on another thread.
 struct moe_scratch {
-    std::vector<int32_t> picks, needed, predicted, pending;
+    std::vector<int32_t> picks, needed, predicted, pending, predicted_all;
     std::vector<int32_t> predicted_far[kMaxLookaheadLayers - 1];  // L+2, L+3
     std::vector<int64_t> x_rows, w_index;
     std::vector<size_t> group;
@@ -87,11 +87,12 @@ struct workspace {
     barray<float> o{be}, u{be};
     // moe
     barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
-    barray<int32_t> picks{be}, predicted{be};
-    // The look-ahead's layers past the next one (L+2, L+3): their router scores and picks.
+    barray<int32_t> picks{be};
+    // The look-ahead's layers past the next one (L+2, L+3): their router scores.
     static_assert(kMaxLookaheadLayers == 3, "one initializer per layer past the next");
     barray<float> ahead_far[kMaxLookaheadLayers - 1]{barray<float>{be}, barray<float>{be}};
-    barray<int32_t> predicted_far[kMaxLookaheadLayers - 1]{barray<int32_t>{be}, barray<int32_t>{be}};
+    // Every look-ahead layer's picks side by side (L+1, then L+2, L+3): one download.
+    barray<int32_t> predicted_all{be};
     barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
     barray<float> sorted_weights{be};
     barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};
