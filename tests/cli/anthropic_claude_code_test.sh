@@ -8,8 +8,11 @@
 #
 # The tiny model's text is random, so it practically never ends a reply by itself; the turns end
 # at a stop sequence Claude Code is asked to send (CLAUDE_CODE_EXTRA_BODY), which is the model's
-# real text up to that point (stop_reason stop_sequence). Its prompt is Claude Code's own: about
-# 11k tokens of system prompt and tool definitions.
+# real text up to that point (stop_reason stop_sequence). The stop strings are letters few tokens
+# hold (z, q, x, j: a reply ends within a few dozen tokens): with "e" the first sampled token
+# often held it, the reply was empty, Claude Code's one retry could be empty too and the turn
+# failed (CI, 2026-12-04). Its prompt is Claude Code's own: about 11k tokens of system prompt and
+# tool definitions.
 # Usage: anthropic_claude_code_test.sh MOESTREAM_BIN SHARED_DIR. Exit 77 = skipped.
 set -euo pipefail
 BIN=$(realpath "$1")
@@ -39,7 +42,7 @@ run_claude() {  # run_claude OUT ARGS...: claude in the scratch project, offline
     HTTPS_PROXY=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 NO_PROXY=127.0.0.1,localhost \
     ANTHROPIC_BASE_URL="$URL" ANTHROPIC_AUTH_TOKEN="$KEY" ANTHROPIC_API_KEY= ANTHROPIC_MODEL=tiny \
     CLAUDE_CODE_MAX_CONTEXT_TOKENS=$CTX CLAUDE_CODE_MAX_OUTPUT_TOKENS=256 \
-    CLAUDE_CODE_EXTRA_BODY='{"stop_sequences":["e"]}' \
+    CLAUDE_CODE_EXTRA_BODY='{"stop_sequences":["z","q","x","j"]}' \
     timeout 600 "$CLAUDE" "$@" --output-format json) >"$out" 2>"$out.err"
 }
 # check_result FILE JS-EXPRESSION WHAT: the expression over `r` (Claude Code's result object) holds.

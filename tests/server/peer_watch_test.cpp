@@ -28,6 +28,13 @@ struct socket_pair {
     }
     // Blocks until the server side is readable (the client's bytes or its FIN have arrived).
     void until_readable() { server.wait(tcp::socket::wait_read); }
+    // Starts watch_peer on the server side (run by ioc); `resolved` turns true when it returns.
+    void watch(bool& resolved) {
+        asio::co_spawn(ioc, [this, &resolved]() -> asio::awaitable<void> {
+            co_await watch_peer(server);
+            resolved = true;
+        }, asio::detached);
+    }
 };
 
 BOOST_AUTO_TEST_SUITE(peer_watch)
@@ -66,10 +73,7 @@ BOOST_AUTO_TEST_CASE(pipelined_bytes_are_not_a_close_and_stay_unread) {
 BOOST_AUTO_TEST_CASE(watch_resolves_on_a_close_only) {
     socket_pair p;
     bool resolved = false;
-    asio::co_spawn(p.ioc, [&]() -> asio::awaitable<void> {
-        co_await watch_peer(p.server);
-        resolved = true;
-    }, asio::detached);
+    p.watch(resolved);
     p.ioc.run_for(100ms);
     BOOST_TEST(!resolved, "resolved with the peer still there");
     p.client.shutdown(tcp::socket::shutdown_send);
@@ -81,10 +85,7 @@ BOOST_AUTO_TEST_CASE(watch_resolves_on_a_close_only) {
 BOOST_AUTO_TEST_CASE(watch_waits_past_pipelined_bytes) {
     socket_pair p;
     bool resolved = false;
-    asio::co_spawn(p.ioc, [&]() -> asio::awaitable<void> {
-        co_await watch_peer(p.server);
-        resolved = true;
-    }, asio::detached);
+    p.watch(resolved);
     asio::write(p.client, asio::buffer(std::string_view("x")));
     p.ioc.run_for(200ms);
     BOOST_TEST(!resolved, "pipelined bytes were taken for a close");
