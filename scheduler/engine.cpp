@@ -241,6 +241,7 @@ asio::awaitable<void> engine::step_loop() {
             any_prompt |= !decoding;
             if (!decoding) continue;
             a->rows.assign(1, a->next);
+            a->confidences.clear();
             ++decoding_rows;
             if (a->drafter) drafting.push_back(a.get());
         }
@@ -258,8 +259,32 @@ asio::awaitable<void> engine::step_loop() {
                 const auto drafts =
                     co_await run_task(a->drafter->propose_async(a->context, want, compute_exec_), compute_exec_);
                 take_drafts(*a, drafts, want, failures);
+                const auto c = a->drafter->confidences();
+                if (c.size() >= a->rows.size() - 1) a->confidences.assign(c.begin(), c.begin() + std::ptrdiff_t(a->rows.size() - 1));
             }
             draft_s = seconds(steady::now() - draft_start);
+            // Drafts with confidences are cut where one more row stops paying (spec/draft_policy.h,
+            // trim); in a step of decoding rows only, the shape the cost model knows.
+            if (!any_prompt) {
+                std::vector<active*> trimmed;
+                std::vector<std::vector<float>> confidences;
+                int base_rows = decoding_rows;
+                for (active* a : drafting) {
+                    if (!a->confidences.empty()) {
+                        trimmed.push_back(a);
+                        confidences.push_back(a->confidences);
+                    } else {
+                        base_rows += int(a->rows.size()) - 1;  // another drafter's rows go in whole
+                    }
+                }
+                if (!trimmed.empty()) {
+                    const std::vector<int> keep = spec_->trim(base_rows, confidences);
+                    for (size_t i = 0; i < trimmed.size(); ++i) {
+                        trimmed[i]->rows.resize(1 + size_t(keep[i]));
+                        trimmed[i]->confidences.resize(size_t(keep[i]));
+                    }
+                }
+            }
         }
         std::vector<dsv41::forward_item> items;
         std::vector<int64_t> fed;

@@ -34,6 +34,7 @@ struct engine::active {
     std::unique_ptr<spec::drafter> drafter;
     int64_t spec_cap = 0;
     std::vector<int32_t> rows, context;
+    std::vector<float> confidences;  // this step's drafts' (rows[1..]), when its drafter has them
     int64_t drafted = 0, accepted = 0;
 };
 

@@ -112,7 +112,7 @@ std::string engine::sample_rows(active& a, const std::vector<float>& logits, siz
         for (int64_t p = 0; p < kept && p < int64_t(stats_.spec_accepted_by_position.size()); ++p)
             ++stats_.spec_accepted_by_position[size_t(p)];
     }
-    spec_->record_drafts(int(drafts), int(kept));
+    spec_->record_drafts(int(drafts), int(kept), a.confidences);
     if (v && v->next >= 0 && reason.empty()) spec_->note_kept_rows(batch_row, kept + 1);
     // The rows after the kept drafts are forgotten now, so the state is consistent between steps
     // (a later prompt may start from it).

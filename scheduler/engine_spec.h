@@ -73,8 +73,18 @@ class engine_speculation {
     // The draft length of the next step with at least one speculating decoding sequence:
     // `decoding` sequences feed a row each, `drafting` of them may add k drafts.
     int choose(int decoding, int drafting);
-    // Verified: one sequence's drafts.
-    void record_drafts(int drafted, int accepted) { policy_.record_drafts(drafted, accepted); }
+    // Verified: one sequence's drafts (with their confidences, when its drafter has them).
+    void record_drafts(int drafted, int accepted, std::span<const float> confidences = {}) {
+        policy_.record_drafts(drafted, accepted, confidences);
+    }
+    // Drafts with confidences (per sequence), how many of each to verify (spec::draft_policy::
+    // trim); all of them unless the draft length is adaptive.
+    std::vector<int> trim(int base_rows, std::span<const std::vector<float>> confidences) const {
+        if (o_.adaptive) return policy_.trim(base_rows, confidences);
+        std::vector<int> all;
+        for (const auto& c : confidences) all.push_back(int(c.size()));
+        return all;
+    }
     // Around a step without prompt rows: begin before its drafts, end after its forward (`rows`
     // fed, the longest draft `most_drafted`, `drafting` sequences drafted, `seconds` in all).
     void begin_step() { recorder_.begin(); }

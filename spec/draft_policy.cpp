@@ -21,6 +21,9 @@ constexpr double kUnionPriorA = 1, kUnionPriorB = 0.05;
 constexpr double kAcceptForget = 0.99;  // per verified step, of the acceptance counts
 constexpr double kShareAverage = 0.3;   // weight of a new step in the not-resident share
 constexpr double kRowsVariance = 0.01;  // the cost model needs steps of more than one row count
+constexpr double kCalibrationPrior = 4;  // drafts' worth of a bin's prior (its own sigmoid)
+
+double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 // Feature order: on equally good fits the union's features explain the time before the rows do
 // (the premise of the accounting: a streamed step costs its union), the draft's fixed cost last.
@@ -193,6 +196,7 @@ double draft_policy::step_seconds(int k) const {
 
 int draft_policy::choose(int base_rows, int drafting) {
     ++step_;
+    explored_ = false;
     base_rows_ = std::max(1, base_rows);
     drafting_ = std::max(0, drafting);
     if (max_k_ == 0 || drafting_ == 0) return 0;
@@ -222,6 +226,7 @@ int draft_policy::choose(int base_rows, int drafting) {
                                 : 0.0;
         if (loss <= credit_) {
             credit_ -= loss;
+            explored_ = true;
             return other;
         }
     }
@@ -243,6 +248,76 @@ void draft_policy::record_drafts(int drafted, int accepted) {
         tried_[size_t(i)] += 1;
         if (i <= accepted) kept_[size_t(i)] += 1;
     }
+}
+
+void draft_policy::record_drafts(int drafted, int accepted, std::span<const float> confidences) {
+    record_drafts(drafted, accepted);
+    if (drafted < 0 || drafted > max_k_ || accepted < 0 || accepted > drafted) return;
+    if (drafted == 0 || confidences.size() < size_t(drafted)) return;
+    for (int b = 0; b < kBins; ++b) bin_tried_[size_t(b)] *= kAcceptForget, bin_kept_[size_t(b)] *= kAcceptForget;
+    // The drafts after the first rejection were not tested: they say nothing.
+    for (int i = 0; i < drafted && i <= accepted; ++i) {
+        const float c = confidences[size_t(i)];
+        if (!std::isfinite(c)) continue;
+        const int b = std::min(kBins - 1, int(sigmoid(c) * kBins));
+        bin_tried_[size_t(b)] += 1;
+        if (i < accepted) bin_kept_[size_t(b)] += 1;
+    }
+}
+
+double draft_policy::calibrated(float confidence) const {
+    if (!std::isfinite(confidence)) return 0.0;
+    const double prior = sigmoid(confidence);
+    const int b = std::min(kBins - 1, int(prior * kBins));
+    return (bin_kept_[size_t(b)] + kCalibrationPrior * prior) / (bin_tried_[size_t(b)] + kCalibrationPrior);
+}
+
+double draft_policy::verify_seconds(double rows) const {
+    const double u = union_seen_ ? std::max(0.0, expected_union(rows)) : 0.0;
+    const double missing = u * miss_share_;
+    return fit_.base + fit_.per_row * rows + fit_.per_resident * (u - missing) + fit_.per_missing * missing;
+}
+
+std::vector<int> draft_policy::trim(int base_rows, std::span<const std::vector<float>> confidences) const {
+    std::vector<int> keep(confidences.size());
+    for (size_t s = 0; s < confidences.size(); ++s) keep[s] = int(confidences[s].size());
+    refit();
+    if (!fit_.ready || explored_) return keep;
+    struct candidate {
+        double survival;
+        size_t seq;
+        int position;  // 1-based
+    };
+    std::vector<candidate> all;
+    for (size_t s = 0; s < confidences.size(); ++s) {
+        double survival = 1;
+        for (size_t j = 0; j < confidences[s].size(); ++j) {
+            survival *= calibrated(confidences[s][j]);
+            all.push_back({survival, s, int(j) + 1});
+        }
+    }
+    // Decreasing survival; within a sequence survival never rises, and the stable sort keeps a
+    // tie in draft order, so a draft always comes after the ones before it.
+    std::stable_sort(all.begin(), all.end(), [](const candidate& a, const candidate& b) { return a.survival > b.survival; });
+    std::fill(keep.begin(), keep.end(), 0);
+    double tokens = double(std::max(1, base_rows)), rows = tokens;
+    const double t0 = verify_seconds(rows);
+    if (!(t0 > 0)) {  // a cost model that says nothing: every draft
+        for (size_t s = 0; s < confidences.size(); ++s) keep[s] = int(confidences[s].size());
+        return keep;
+    }
+    double best = tokens / t0;
+    for (const candidate& c : all) {
+        if (keep[c.seq] != c.position - 1) continue;  // its sequence stopped before it
+        const double t = verify_seconds(rows + 1);
+        const double rate = t > 0 ? (tokens + c.survival) / t : 0.0;
+        if (!(rate > best)) break;  // the first that does not pay ends the block (the paper's rule)
+        best = rate;
+        tokens += c.survival;
+        rows += 1;
+        keep[c.seq] = c.position;
+    }
+    return keep;
 }
 
 void draft_policy::record_step(int drafted, double seconds) {

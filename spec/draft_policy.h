@@ -20,6 +20,12 @@
 //    measured before anything longer is tried.
 //  - At most every 16th step tries a neighbour of the best, so costs and acceptance stay
 //    measured, and only as often as 2% of the time pays for its expected loss.
+//  - Drafts with confidences (the DSpark head's: a raw logit per draft, whose sigmoid the paper
+//    reads as the draft's conditional acceptance) are trimmed once made (trim()): each draft's
+//    acceptance is its confidence calibrated online (bins of the sigmoid, each starting at its
+//    own value), a sequence's prefix survival the product; drafts join in decreasing survival
+//    while expected committed tokens per modelled second of the verification rise (the DSpark
+//    paper's Algorithm 1, with this cost model for its steps-per-second curve).
 // With low acceptance, or rows that cost as much as a step each (a disk-bound machine), the
 // choice converges to k = 0: plain decoding. Deterministic given its inputs.
 #pragma once
@@ -27,6 +33,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace moestream::spec {
 
@@ -63,8 +71,17 @@ class draft_policy {
     // The halves, for a batch (scheduler/engine.cpp): every sequence's drafts count towards the
     // acceptance, and the step's time once, under the most any sequence drafted.
     void record_drafts(int drafted, int accepted);
+    // The same for drafts with confidences (one per draft): they calibrate acceptance too.
+    void record_drafts(int drafted, int accepted, std::span<const float> confidences);
     void record_step(int drafted, double seconds);
     void record_step(const step_sample& s);
+
+    // Drafts made (per sequence, their confidences in order), how many of each to verify:
+    // `base_rows` rows go in without drafts. Every draft while the cost model is not ready, or
+    // when the last choose() explored (its k is what is being measured).
+    std::vector<int> trim(int base_rows, std::span<const std::vector<float>> confidences) const;
+    // A draft's acceptance given its confidence (calibrated), 0..1.
+    double calibrated(float confidence) const;
 
     // Estimates, for reports and tests.
     double acceptance(int position) const;  // p_i, position 1..max_k
@@ -90,6 +107,7 @@ class draft_policy {
     static constexpr int kFeatures = 5;  // 1, drafting, rows, resident, not resident
     using vec = std::array<double, kFeatures>;
     double measured_weight(int k) const;
+    double verify_seconds(double rows) const;  // the cost model's time for `rows`, no draft cost
     double interpolated_seconds(int k) const;
     void refit() const;
 
@@ -98,6 +116,10 @@ class draft_policy {
     // Per position: drafts verified and accepted, decayed per verified step (content changes:
     // the acceptance follows it).
     std::array<double, kMaxK + 1> tried_{}, kept_{};
+    // Confidence calibration: per bin of sigmoid(confidence), drafts verified and accepted (decayed).
+    static constexpr int kBins = 10;
+    std::array<double, kBins> bin_tried_{}, bin_kept_{};
+    bool explored_ = false;  // the last choose() tried a neighbour of the best
     std::array<double, kMaxK + 1> seconds_{};            // per k: averaged step time (0: none yet)
     std::array<uint64_t, kMaxK + 1> steps_{};
     std::array<double, kMaxK + 1> recent_{};             // per k: measurements, decayed per step

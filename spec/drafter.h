@@ -31,6 +31,9 @@ class drafter {
     // Proposals that failed (an error, so nothing was proposed) so far; decoding goes on without
     // drafts, which changes no token.
     virtual int64_t failures() const { return 0; }
+    // The last proposal's confidence per token (raw logits: the DSpark head's, whose sigmoid is
+    // read as the draft's conditional acceptance), or empty for a drafter that has none.
+    virtual std::span<const float> confidences() const { return {}; }
 };
 
 }  // namespace moestream::spec

@@ -10,6 +10,7 @@ std::vector<int32_t> dspark_drafter::propose(std::span<const int32_t> context, i
 
 coro::task<std::vector<int32_t>> dspark_drafter::propose_async(std::span<const int32_t> context, int k,
                                                                coro::executor& ex) {
+    confidences_.clear();
     if (context.empty() || k <= 0) co_return std::vector<int32_t>{};
     if (auto st = co_await m_.draft_async(seq_, context.back(), out_, {}, ex); !st) {
         error_ = st.message();
@@ -17,6 +18,7 @@ coro::task<std::vector<int32_t>> dspark_drafter::propose_async(std::span<const i
         co_return std::vector<int32_t>{};
     }
     const size_t n = std::min<size_t>(size_t(k), out_.tokens.size());
+    if (out_.confidence.size() >= n) confidences_.assign(out_.confidence.begin(), out_.confidence.begin() + std::ptrdiff_t(n));
     co_return std::vector<int32_t>(out_.tokens.begin(), out_.tokens.begin() + n);
 }
 

@@ -20,11 +20,13 @@ class dspark_drafter final : public drafter {
     // Set when a draft could not be made (the error of model::draft), else empty.
     const std::string& error() const { return error_; }
     int64_t failures() const override { return failures_; }
+    std::span<const float> confidences() const override { return confidences_; }
 
   private:
     dsv41::model& m_;
     const dsv41::sequence_state& seq_;
     dsv41::draft_output out_;
+    std::vector<float> confidences_;  // of the last proposal's tokens
     std::string error_;
     int64_t failures_ = 0;
 };

@@ -77,6 +77,17 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         recorder.begin();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};
         if (int64_t(draft.size()) > want) draft.resize(size_t(want));
+        // Drafts with confidences are cut where one more row stops paying (draft_policy::trim).
+        std::vector<float> confidences;
+        if (const auto c = d.confidences(); !draft.empty() && c.size() >= draft.size()) {
+            confidences.assign(c.begin(), c.begin() + std::ptrdiff_t(draft.size()));
+            if (o.policy) {
+                const std::vector<float>* one = &confidences;
+                const int keep = o.policy->trim(1, std::span<const std::vector<float>>(one, 1))[0];
+                draft.resize(size_t(keep));
+                confidences.resize(size_t(keep));
+            }
+        }
         rows.assign(1, last);
         rows.insert(rows.end(), draft.begin(), draft.end());
         const int64_t before = seq.size();
@@ -101,7 +112,7 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         step_start = now;
         const union_record& rec = recorder.end(target, int(draft.size()), int(v->kept), int(rows.size()), step_s);
         if (o.policy) {
-            o.policy->record_drafts(int(draft.size()), int(v->kept));
+            o.policy->record_drafts(int(draft.size()), int(v->kept), confidences);
             o.policy->record_step(sample_of(rec));
         }
         // The next step's first row follows the kept rows, and neighbouring positions route

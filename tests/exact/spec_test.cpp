@@ -238,6 +238,34 @@ BOOST_AUTO_TEST_CASE(union_model_fits_the_measured_union) {
     BOOST_TEST(pol.expected_union(1000) <= 384.0);
 }
 
+// DSpark's confidences: a draft's acceptance starts at its sigmoid and is calibrated online (a
+// bin whose drafts fail learns it, whatever the sigmoid said), and once drafts are made the
+// block is cut where one more row stops paying: sure drafts stay, the first hopeless one ends it.
+BOOST_AUTO_TEST_CASE(confidences_are_calibrated_and_cut_the_block) {
+    union_machine m{0.5};
+    spec::draft_policy pol(5, {240, 240 * 64});
+    const std::vector<std::vector<float>> two{{2.f, 2.f}};
+    BOOST_TEST(pol.trim(1, two)[0] == 2);  // no cost model yet: every draft
+    for (int s = 0; s < 40; ++s) pol.record_step(m.sample(s % 2, m.share));
+    BOOST_TEST_REQUIRE(pol.cost().ready);
+    BOOST_TEST(std::fabs(pol.calibrated(2.f) - 1 / (1 + std::exp(-2.0))) < 1e-9);
+    const std::vector<std::vector<float>> block{{6.f, 6.f, -6.f, 6.f, 6.f}};
+    BOOST_TEST(pol.trim(1, block)[0] == 2);
+    // Two sequences, one sure and one hopeless from its first draft: each cut on its own.
+    const std::vector<std::vector<float>> pair{{6.f, 6.f, 6.f}, {-6.f, 6.f}};
+    const auto kept = pol.trim(2, pair);
+    BOOST_TEST(kept[0] == 3);
+    BOOST_TEST(kept[1] == 0);
+    // The sigmoid says 0.88 at 2; drafts of that confidence that always fail teach 0.
+    for (int i = 0; i < 200; ++i) {
+        const float c[] = {2.f};
+        pol.record_drafts(1, 0, c);
+    }
+    BOOST_TEST(pol.calibrated(2.f) < 0.1);
+    BOOST_TEST(pol.trim(1, two)[0] == 0);
+    BOOST_TEST(pol.calibrated(6.f) > 0.99);  // other bins keep their own
+}
+
 // A k never measured costs what the union model and the current residency say: measured at
 // k 0 and 1 only, the model's time for k 5 is the machine's within 5%, where the line through
 // the two measured points is off by more than 15% (the union is concave).
