@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Summarises a MOESTREAM_TRACE timeline (config/event_trace.h) of a streamed decode.
 
-Usage: MOESTREAM_TRACE=/tmp/t.csv moestream bench decode ...; scripts/trace_report.py /tmp/t.csv [--step N]
+Usage: MOESTREAM_TRACE=/tmp/t.csv moestream bench decode ...; scripts/trace_report.py /tmp/t.csv [--step N] [--layers]
 
 Decode steps are the layer-0 picks of one row; steps more than 300 ms apart start a new phase
 (bench decode runs several). Per phase: the median step, the disk's idle time in a step (no
 expert read outstanding) and how much of it fell while the forward waited for experts. With
---step N, the N-th step of the first phase event by event (reads folded per layer).
+--step N, the N-th step of the first phase event by event (reads folded per layer). With --layers,
+per layer of the first phase's steps (the first two and the last left out): demand and predicted
+reads, the forward's wait for experts, and the disk's idle time while the forward was at that
+layer (from its picks to the next layer's; the last layer's share holds the head and sampling).
 """
+import collections
 import csv
 import statistics
 import sys
@@ -52,6 +56,36 @@ def step_profile(rows, a, b):
     return (rows[b][0] - rows[a][0]) / 1e3, idle / 1e3, idle_waiting / 1e3, reads
 
 
+def layer_profile(rows, phase):
+    demand, hinted, wait, idle = (collections.Counter() for _ in range(4))
+    steps = 0
+    for s in range(2, len(phase) - 1):
+        a, b = phase[s], phase[s + 1]
+        out, last, layer, began = set(), rows[a][0], 0, None
+        for t, _, ev, L, v in rows[a:b]:
+            if not out:
+                idle[layer] += t - last
+            last = t
+            if ev == "picks_wait":
+                layer = L
+            if ev in READS:
+                out.add((L, v))
+                (demand if ev == "read_demand" else hinted)[L] += 1
+            elif ev == "read_done":
+                out.discard((L, v))
+            elif ev == "wait_begin":
+                began = t
+            elif ev == "wait_end" and began is not None:
+                wait[L] += t - began
+                began = None
+        steps += 1
+    if steps == 0:
+        return
+    print(f"per layer over {steps} steps (a step's mean): demand reads, predicted reads, wait us, disk idle us")
+    for L in sorted(set(demand) | set(hinted) | set(wait) | set(idle)):
+        print(f"  L{L:<3d} {demand[L] / steps:5.2f} {hinted[L] / steps:5.2f} {wait[L] / steps:8.0f} {idle[L] / steps:8.0f}")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -64,6 +98,8 @@ def main():
         med = [statistics.median(p[k] for p in prof) for k in range(4)]
         print(f"phase {n}: {len(ph)} steps, step {med[0]:.1f} ms (median), disk idle {med[1]:.1f} ms a step "
               f"({med[2]:.1f} of it while the forward waited), {med[3]:.0f} reads a step")
+    if "--layers" in sys.argv and phases:
+        layer_profile(rows, phases[0])
     if "--step" in sys.argv and phases:
         k = int(sys.argv[sys.argv.index("--step") + 1])
         a, b = phases[0][k], phases[0][k + 1]
