@@ -282,7 +282,10 @@ std::vector<int> draft_policy::trim(int base_rows, std::span<const std::vector<f
     std::vector<int> keep(confidences.size());
     for (size_t s = 0; s < confidences.size(); ++s) keep[s] = int(confidences[s].size());
     refit();
-    if (!fit_.ready || explored_) return keep;
+    const double rows0 = double(std::max(1, base_rows));
+    const double t0 = fit_.ready ? verify_seconds(rows0) : 0.0;
+    // Every draft: no cost model yet (or one that says nothing), or the step explores its k.
+    if (!(t0 > 0) || explored_) return keep;
     struct candidate {
         double survival;
         size_t seq;
@@ -300,12 +303,7 @@ std::vector<int> draft_policy::trim(int base_rows, std::span<const std::vector<f
     // tie in draft order, so a draft always comes after the ones before it.
     std::stable_sort(all.begin(), all.end(), [](const candidate& a, const candidate& b) { return a.survival > b.survival; });
     std::fill(keep.begin(), keep.end(), 0);
-    double tokens = double(std::max(1, base_rows)), rows = tokens;
-    const double t0 = verify_seconds(rows);
-    if (!(t0 > 0)) {  // a cost model that says nothing: every draft
-        for (size_t s = 0; s < confidences.size(); ++s) keep[s] = int(confidences[s].size());
-        return keep;
-    }
+    double tokens = rows0, rows = rows0;
     double best = tokens / t0;
     for (const candidate& c : all) {
         if (keep[c.seq] != c.position - 1) continue;  // its sequence stopped before it

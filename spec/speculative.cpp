@@ -82,8 +82,7 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
         if (const auto c = d.confidences(); !draft.empty() && c.size() >= draft.size()) {
             confidences.assign(c.begin(), c.begin() + std::ptrdiff_t(draft.size()));
             if (o.policy) {
-                const std::vector<float>* one = &confidences;
-                const int keep = o.policy->trim(1, std::span<const std::vector<float>>(one, 1))[0];
+                const int keep = o.policy->trim(1, std::span<const std::vector<float>>(&confidences, 1))[0];
                 draft.resize(size_t(keep));
                 confidences.resize(size_t(keep));
             }

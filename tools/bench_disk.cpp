@@ -1,6 +1,7 @@
 #include "tools/bench_disk.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "storage/aligned_buffer.h"
@@ -23,6 +24,20 @@ double raw_disk_bandwidth(const loaded_model& m, const moestream_config& cfg, ui
     (*r)->submit(reqs);
     (*r)->wait_idle();
     return (*r)->stats().bandwidth();
+}
+
+void print_disk_ceiling(const char* what, double tps, double raw, double bytes_per_token, double resident_tps) {
+    const double disk_tps = raw > 0 && bytes_per_token > 0 ? raw / bytes_per_token : 0;
+    const double ceiling = disk_tps > 0 && resident_tps > 0 ? std::min(disk_tps, resident_tps) : std::max(disk_tps, resident_tps);
+    if (ceiling <= 0) {
+        std::printf("new content: %.2f tok/s (%s); no ceiling: neither the disk's bandwidth nor the resident rate was "
+                    "measured\n",
+                    tps, what);
+        return;
+    }
+    std::printf("new content: %.2f tok/s (%s); ceiling min(%.2f GB/s / %.1f MB read a token = %.2f, resident %.2f) = "
+                "%.2f tok/s; ratio %.2f (target >= 0.9)\n",
+                tps, what, raw / 1e9, bytes_per_token / 1e6, disk_tps, resident_tps, ceiling, tps / ceiling);
 }
 
 }  // namespace moestream::tools

@@ -11,4 +11,9 @@ namespace moestream::tools {
 // once. 0 when the file cannot be read that way (no io_uring).
 double raw_disk_bandwidth(const loaded_model& m, const moestream_config& cfg, uint64_t bytes);
 
+// The line both decode benches end a streaming run with: `tps` decoded on new content against the
+// ceiling min(raw / bytes read a token, resident rate) (either unmeasured: 0) and the ratio.
+// `what` says how tps was taken.
+void print_disk_ceiling(const char* what, double tps, double raw, double bytes_per_token, double resident_tps);
+
 }  // namespace moestream::tools

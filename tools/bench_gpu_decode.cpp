@@ -339,13 +339,7 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                 resident_tps = 1.0 / median(r->token_s);
             }
         }
-        const double disk_tps = raw > 0 && stream_bytes_per_token > 0 ? raw / stream_bytes_per_token : 1e30;
-        const double ceiling = resident_tps > 0 ? std::min(disk_tps, resident_tps) : disk_tps;
-        if (ceiling >= 1e30) std::printf("no ceiling: neither the disk's bandwidth nor the resident rate was measured\n");
-        else std::printf("new content: %.2f tok/s (graphs, median step); ceiling min(%.2f GB/s / %.1f MB read a step = %.2f, "
-                    "resident %.2f) = %.2f tok/s; ratio %.2f (target >= 0.9)\n",
-                    1.0 / t_gpu, raw / 1e9, stream_bytes_per_token / 1e6, disk_tps, resident_tps, ceiling,
-                    1.0 / t_gpu / ceiling);
+        print_disk_ceiling("graphs, median step", 1.0 / t_gpu, raw, stream_bytes_per_token, resident_tps);
     }
     if (!compare) return 0;  // --no-remap: the engine's figures alone (rounds of an A/B)
     if (streaming && t_gpu > 0) {
