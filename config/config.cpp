@@ -17,10 +17,11 @@ constexpr cli::option_spec kConfigOptions[] = {
     {"host-cache-share", "F", "share of the available memory an auto host cache takes (default 0.75)"},
     {"draft-cache", "GiB", "the DSpark draft's own expert slots: GiB, all (default: every draft expert) or 0 (share the "
                            "target's tiers)"},
+    {"cache-policy", "NAME", "which expert a full tier evicts: lru (default), lfu or layered (early layers kept longer)"},
     {"io-depth", "N", "io_uring reads in flight at most"},
     {"io-chunk", "KiB", "expert read chunk size"},
     {"io-mode", "MODE", "coroutine (default) or remap-sync (the published port's design, for comparison)"},
-    {"lookahead", "N", "layers a streamed forward predicts ahead: 0 to 3 (default 2)"},
+    {"lookahead", "N", "layers a streamed forward predicts ahead: 0 to 6 (default 2)"},
     {"threads", "N", "compute threads (0 = one per core)"},
     {"ctx-size", "N", "context length per sequence, in tokens"},
     {"backend", "NAME", "auto, cpu or cuda"},
@@ -108,9 +109,10 @@ status apply_section(moestream_config& c, std::string_view section, object obj, 
                     MS_TRY(read_number(v, where, c.cache.draft_cache_gib));
                     if (c.cache.draft_cache_gib < 0) return make_error(where + " must be a number of GiB or \"all\"");
                 }
-            } else
+            } else if (key == "policy") MS_TRY(read_string(v, where, c.cache.policy));
+            else
                 return make_error(where + " is not a known field (device_cache_gib, host_cache_gib, host_cache_share, "
-                                          "draft_cache_gib)");
+                                          "draft_cache_gib, policy)");
         } else if (section == "io") {
             if (key == "depth") MS_TRY(read_int(v, where, c.io.depth));
             else if (key == "chunk_kib") MS_TRY(read_int(v, where, c.io.chunk_kib));
@@ -253,10 +255,12 @@ status validate(const moestream_config& c) {
     if (!(c.cache.draft_cache_gib == cache_settings::k_all ||
           (c.cache.draft_cache_gib >= 0 && c.cache.draft_cache_gib <= 65536)))
         return bad("cache.draft_cache_gib (--draft-cache)", "must be all or between 0 and 65536 GiB");
+    if (c.cache.policy != "lru" && c.cache.policy != "lfu" && c.cache.policy != "layered")
+        return bad("cache.policy (--cache-policy)", "must be lru, lfu or layered, got '" + c.cache.policy + "'");
     if (c.io.depth < 1 || c.io.depth > 4096) return bad("io.depth (--io-depth)", "must be between 1 and 4096");
-    static_assert(kMaxLookaheadLayers == 3, "the message below lists the depths");
     if (c.io.lookahead_layers < 0 || c.io.lookahead_layers > kMaxLookaheadLayers)
-        return bad("io.lookahead_layers (--lookahead)", "must be 0, 1, 2 or 3");
+        return bad("io.lookahead_layers (--lookahead)",
+                   "must be between 0 and " + std::to_string(kMaxLookaheadLayers) + " layers");
     if (c.io.chunk_kib < 4 || c.io.chunk_kib > 65536 || c.io.chunk_kib % 4 != 0)
         return bad("io.chunk_kib (--io-chunk)", "must be a multiple of 4 between 4 and 65536 KiB (O_DIRECT alignment)");
     if (c.runtime.threads < 0 || c.runtime.threads > 1024)
@@ -315,6 +319,7 @@ result<moestream_config> load_config(const cli::args& a) {
         MS_TRY(set_from_flag(a, "draft-cache", c.cache.draft_cache_gib));
         if (c.cache.draft_cache_gib < 0) return make_error("--draft-cache must be a number of GiB or all, got '" + *d + "'");
     }
+    MS_TRY(set_from_flag(a, "cache-policy", c.cache.policy));
     MS_TRY(set_from_flag(a, "io-depth", c.io.depth));
     MS_TRY(set_from_flag(a, "io-chunk", c.io.chunk_kib));
     MS_TRY(set_from_flag(a, "lookahead", c.io.lookahead_layers));
@@ -366,7 +371,7 @@ std::string to_json(const moestream_config& c) {
     o << ", \"host_cache_share\": " << c.cache.host_cache_share << ", \"draft_cache_gib\": ";
     if (c.cache.draft_cache_gib == cache_settings::k_all) o << "\"all\"";
     else o << c.cache.draft_cache_gib;
-    o << "},\n"
+    o << ", \"policy\": " << json_escape(c.cache.policy) << "},\n"
       << "  \"io\": {\"depth\": " << c.io.depth << ", \"chunk_kib\": " << c.io.chunk_kib
       << ", \"lookahead_layers\": " << c.io.lookahead_layers
       << ", \"mode\": \"" << io_mode_name(c.io.mode) << "\"},\n"

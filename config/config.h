@@ -37,6 +37,10 @@ struct cache_settings {
     // read) or 0 (the draft shares the target's tiers).
     static constexpr double k_all = -1;  // draft_cache_gib: "all"
     double draft_cache_gib = k_all;
+    // Which expert a full tier evicts (--cache-policy): "lru" (the default), "lfu", or "layered"
+    // (LRU with a head start for the early layers, whose misses stall a streamed step; see
+    // storage/eviction_policy.h).
+    std::string policy = "lru";
 };
 
 // The host tier's bytes for `c`: host_cache_gib, or for "auto" host_cache_share of
@@ -45,15 +49,15 @@ uint64_t host_tier_bytes(const cache_settings& c, uint64_t available_bytes);
 
 enum class io_mode { coroutine, remap_sync };
 
-// The look-ahead's reach: the next layer and the two after it. The model keeps router scores for
-// the layers past the next (dsv41 forward), the expert tier a hint window that deep.
-inline constexpr int kMaxLookaheadLayers = 3;
+// The look-ahead's reach in layers. The model keeps one router score block per layer it predicts
+// (dsv41 forward), the expert tier a hint window that deep.
+inline constexpr int kMaxLookaheadLayers = 6;
 
 struct io_settings {
     int64_t depth = 64;        // io_uring submissions in flight at most
     int64_t chunk_kib = 1024;  // expert reads are split into chunks of this size
     // Layers a streamed forward predicts ahead (their routers on the current layer's input, sent
-    // as read hints): 0 = none, 1 = the next layer, 2 = the next two, 3 = the next three. Two: with predictions read a
+    // as read hints): 0 = none, 1 = the next layer, 2 = the next two, and so on. Two: with predictions read a
     // few at a time, nearest layer first, it decoded streamed mini on the H200 1.18x faster than
     // one (docs/benchmarks.md, eighth session). At most kMaxLookaheadLayers.
     int64_t lookahead_layers = 2;

@@ -162,7 +162,11 @@ result<std::unique_ptr<tiered_experts>> tiered_experts::create(const loaded_mode
     }
     t->tallies_ = std::make_unique<atomic_tally[]>(size_t(layers));
     t->n_tallies_ = size_t(layers);
-    auto policy = [&]() { return storage::make_policy(opts.policy); };
+    // A forward takes one step of the tiers per MoE layer (need()), so a head start of f
+    // forwards is f * n_layers steps.
+    const storage::layer_profile profile{uint32_t(hp.n_layers),
+                                         uint64_t(std::max(0.0, opts.head_start_forwards) * double(hp.n_layers))};
+    auto policy = [&]() { return storage::make_policy(opts.policy, profile); };
     auto hp_pol = policy();
     if (!hp_pol) return hp_pol.err();
     t->host_ = std::make_unique<storage::expert_cache>(t->host_slots_, std::move(*hp_pol));

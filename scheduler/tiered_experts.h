@@ -69,7 +69,10 @@ struct tier_options {
     static constexpr uint64_t kDraftAll = UINT64_MAX;
     uint64_t draft_bytes = kDraftAll;
     io::reader_options io;
+    // Eviction policy of the tiers: "lru", "lfu" or "layered" (storage/eviction_policy.h: LRU
+    // with a head start for the early layers, head_start_forwards whole forwards at layer 0).
     std::string policy = "lru";
+    double head_start_forwards = 4;
     bool lock_host = false;     // mlock the host tier (pinned memory)
     // The first layer's experts stay in the host tier once read (while that takes at most an
     // eighth of it): nothing predicts the first layer (its router is the forward's first), so

@@ -58,6 +58,27 @@ void lru_policy::on_access(expert_key, std::optional<slot_id> slot, uint64_t ste
     if (slot) rank_.set_rank(*slot, step, 0);
 }
 
+// ---- layered LRU: rank (last access step + the layer's head start, -) ----
+
+layered_lru_policy::layered_lru_policy(uint32_t n_layers, uint64_t head_start)
+    : n_layers_(n_layers), head_start_(head_start) {
+    MS_ASSERT(n_layers >= 1);
+}
+
+uint64_t layered_lru_policy::bonus(uint32_t layer) const {
+    if (layer >= n_layers_) return 0;
+    if (n_layers_ == 1) return head_start_;
+    return head_start_ * uint64_t(n_layers_ - 1 - layer) / uint64_t(n_layers_ - 1);
+}
+
+void layered_lru_policy::on_load(slot_id slot, expert_key key, uint64_t now) {
+    rank_.set_rank(slot, now + bonus(key_layer(key)), 0);
+}
+
+void layered_lru_policy::on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) {
+    if (slot) rank_.set_rank(*slot, step + bonus(key_layer(key)), 0);
+}
+
 // ---- LFU: rank (accesses since loaded, last access step) ----
 
 void lfu_policy::on_load(slot_id slot, expert_key, uint64_t now) { rank_.set_rank(slot, 0, now); }
@@ -143,12 +164,20 @@ std::unique_ptr<eviction_policy> make_belady_policy(std::vector<expert_key> futu
     return std::make_unique<belady_policy>(std::move(future));
 }
 
-result<std::unique_ptr<eviction_policy>> make_policy(std::string_view name) {
+std::unique_ptr<eviction_policy> make_layered_policy(uint32_t n_layers, uint64_t head_start) {
+    return std::make_unique<layered_lru_policy>(n_layers, head_start);
+}
+
+result<std::unique_ptr<eviction_policy>> make_policy(std::string_view name, layer_profile layers) {
     if (name == "lru") return make_lru_policy();
     if (name == "lfu") return make_lfu_policy();
+    if (name == "layered") {
+        if (layers.n_layers == 0) return make_error("the layered eviction policy needs the model's layer count");
+        return make_layered_policy(layers.n_layers, layers.head_start);
+    }
     std::string msg("unknown eviction policy '");
     msg += name;
-    msg += "' (expected lru or lfu; belady is built from a recorded trace)";
+    msg += "' (expected lru, lfu or layered; belady is built from a recorded trace)";
     return make_error(std::move(msg));
 }
 

@@ -102,6 +102,27 @@ public:
     void on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) override;
 };
 
+// LRU with a head start for the early layers: an expert of layer L ranks as if last accessed
+// head_start * (n_layers - 1 - L) / (n_layers - 1) steps later than it was (layer 0: the whole
+// head start, the last layer: none; layers past the last, the draft's, none). Why: a forward
+// visits the layers in order and predicts each a few layers ahead, so a late layer's miss is
+// read while the layers before it compute and mostly costs disk time the step had spare, while
+// an early layer's miss is read when the disk is already busy with the step's first reads and
+// stalls the step. Plain LRU gives every layer the same share of the tier; this one moves misses
+// from the early layers to the late ones at the same capacity.
+class layered_lru_policy final : public ranked_policy {
+public:
+    layered_lru_policy(uint32_t n_layers, uint64_t head_start);
+    std::string_view name() const override { return "layered"; }
+    void on_load(slot_id slot, expert_key key, uint64_t now) override;
+    void on_access(expert_key key, std::optional<slot_id> slot, uint64_t step) override;
+    uint64_t bonus(uint32_t layer) const;
+
+private:
+    uint32_t n_layers_;
+    uint64_t head_start_;
+};
+
 // Least frequently used, counting the accesses since the key took its slot (in-cache LFU: an
 // evicted key starts again from zero, so the tables stay bounded by the slot count and old
 // popularity cannot keep a key alive forever). Equal counts: least recently used first.
@@ -159,7 +180,14 @@ private:
 std::unique_ptr<eviction_policy> make_lru_policy();
 std::unique_ptr<eviction_policy> make_lfu_policy();
 std::unique_ptr<eviction_policy> make_belady_policy(std::vector<expert_key> future);
-// By configuration name: "lru" or "lfu" (Belady needs a trace, so it has no name here).
-result<std::unique_ptr<eviction_policy>> make_policy(std::string_view name);
+std::unique_ptr<eviction_policy> make_layered_policy(uint32_t n_layers, uint64_t head_start);
+// What the "layered" policy needs to know of the model: its layer count and the head start of
+// its first layer, in steps (accesses' step numbers, see on_access).
+struct layer_profile {
+    uint32_t n_layers = 0;
+    uint64_t head_start = 0;
+};
+// By configuration name: "lru", "lfu" or "layered" (Belady needs a trace, so it has no name here).
+result<std::unique_ptr<eviction_policy>> make_policy(std::string_view name, layer_profile layers = {});
 
 }  // namespace moestream::storage

@@ -112,6 +112,9 @@ tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes) {
     t.io.depth = uint32_t(cfg.io.depth);
     t.io.chunk_bytes = uint64_t(cfg.io.chunk_kib) * 1024;
     t.remap_sync = cfg.io.mode == io_mode::remap_sync;
+    t.policy = cfg.cache.policy;
+    // A/B knob for the layered policy's head start, in forwards (docs/streaming.md).
+    if (const char* h = std::getenv("MOESTREAM_HEAD_START"); h && *h) t.head_start_forwards = std::atof(h);
     t.draft_bytes = cfg.cache.draft_cache_gib == cache_settings::k_all ? tier_options::kDraftAll
                                                                         : uint64_t(cfg.cache.draft_cache_gib * kGiB);
     // A/B switch for measuring what keeping the first layer gains (docs/streaming.md).

@@ -552,12 +552,13 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
             detail::compute_mix(env, H, R, lw.hc_ffn_fn, lw.hc_ffn_base, lw.hc_ffn_scale, ws.mixF, true);
             return {H, ws.mixF.post.data(), ws.mixF.comb.data(), ws.mixF.pre.data(), collapse_next ? x : nullptr, hc};
         };
-        const layer_weights* further[kMaxLookaheadLayers - 1] = {};
-        size_t n_further = 0;
-        for (int d = 2; d <= opts_.lookahead_layers && d <= kMaxLookaheadLayers && L + d < hp.n_layers; ++d)
-            further[n_further++] = &w_.layers[size_t(L + d)];
-        if (auto st = co_await detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1}, next,
-                                           update_F, {further, n_further});
+        // The layers the look-ahead predicts from this input: L+1 .. L+lookahead_layers.
+        const layer_weights* ahead[kMaxLookaheadLayers] = {};
+        size_t n_ahead = 0;
+        for (int d = 1; d <= opts_.lookahead_layers && d <= kMaxLookaheadLayers && L + d < hp.n_layers; ++d)
+            ahead[n_ahead++] = &w_.layers[size_t(L + d)];
+        if (auto st = co_await detail::moe(env, lw, L, hp.n_experts, hp.n_active, x, rows, ws.f, {&mixF_job, 1},
+                                           {ahead, n_ahead}, update_F);
             !st) {
             restore();
             co_return st;

@@ -323,9 +323,9 @@ struct model_options {
     // Look-ahead: layer L+1's router applied to layer L's FFN input predicts L+1's experts, sent
     // to the expert source as a hint while layer L computes. Changes I/O only, never results.
     bool lookahead = false;
-    // Layers the look-ahead predicts: 1 = L+1 only; 2 = also L+2, 3 = also L+3 from the same
-    // input (a longer lead for the disk, at a lower hit rate). The nearest layer's hints go to the
-    // source first. At most kMaxLookaheadLayers (config/config.h).
+    // Layers the look-ahead predicts: 1 = L+1 only; d = L+1 .. L+d, all from the same input (a
+    // longer lead for the disk, at a lower hit rate the further it reaches). The nearest layer's
+    // hints go to the source first. At most kMaxLookaheadLayers (config/config.h).
     int lookahead_layers = 1;
 };
 

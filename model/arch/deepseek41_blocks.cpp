@@ -182,8 +182,7 @@ status moe_through_slots(const env& e, const layer_weights& lw, const expert_slo
 
 coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
                        const float* x, const rows_info& rows, barray<float>& out, std::span<const matmul_job> extra,
-                       const layer_weights* next, const std::function<hc_update()>& update,
-                       std::span<const layer_weights* const> further) {
+                       std::span<const layer_weights* const> ahead, const std::function<hc_update()>& update) {
     const auto& hp = e.hp;
     workspace& ws = e.ws;
     moe_scratch& sc = ws.moe_host;
@@ -210,25 +209,21 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     // Every expert resident in the backend's slots: the routing stays on the backend (no read of
     // the picks, so no wait for the device, and a CUDA graph of the step stays valid).
     const expert_slot_table* table = e.opts.hook || n > kMaxSlotTableRows ? nullptr : e.experts.slot_table(layer);
-    // The next layer's router on this input (its picks are a prefetch hint: nothing to fetch
-    // when every expert is resident).
-    const bool look_ahead = next && e.opts.lookahead && !table;
-    MS_ASSERT(further.size() <= size_t(kMaxLookaheadLayers - 1));
-    const size_t n_far = look_ahead ? further.size() : 0;  // layers predicted past the next one
+    // The following layers' routers on this input (their picks are prefetch hints: nothing to
+    // fetch when every expert is resident). Layer L+1+d's scores are block d of ws.ahead.
+    MS_ASSERT(ahead.size() <= size_t(kMaxLookaheadLayers));
+    const bool look_ahead = !ahead.empty() && e.opts.lookahead && !table;
+    const size_t n_ahead = look_ahead ? ahead.size() : 0;
+    const size_t ahead_block = size_t(n * n_experts);
     {
         std::vector<matmul_job>& first = sc.jobs;
         first.clear();
         first.push_back({lw.gate_inp, x, dim, n, ws.scores.data(), n_experts, false, true});
         push_gate_up(first, shared_ew, xe, dim, n, ws.shared_g.data(), ws.shared_u.data(), limit, nullptr, pair);
         first.insert(first.end(), extra.begin(), extra.end());
-        if (look_ahead) {
-            ws.ahead.resize(size_t(n * n_experts));
-            first.push_back({next->gate_inp, x, dim, n, ws.ahead.data(), n_experts, false, true});
-        }
-        for (size_t d = 0; d < n_far; ++d) {
-            ws.ahead_far[d].resize(size_t(n * n_experts));
-            first.push_back({further[d]->gate_inp, x, dim, n, ws.ahead_far[d].data(), n_experts, false, true});
-        }
+        ws.ahead.resize(n_ahead * ahead_block);
+        for (size_t d = 0; d < n_ahead; ++d)
+            first.push_back({ahead[d]->gate_inp, x, dim, n, ws.ahead.data() + d * ahead_block, n_experts, false, true});
         e.be.matmul_batch(first);
     }
     std::optional<hc_update> upd;
@@ -252,18 +247,13 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     }
     // The look-ahead layers' routes go to the backend right behind this layer's, before its picks
     // are read back: the device runs them while the host announces this layer's union, and one
-    // more download then brings all their picks (predicted_all: L+1, then L+2, L+3), instead of
+    // more download then brings all their picks (predicted_all: L+1, then L+2, ...), instead of
     // a launch and a wait for each after the announcement (~45 us a layer on the H200's host).
-    const size_t n_ahead = look_ahead ? 1 + n_far : 0;
-    if (n_ahead > 0) {
-        ws.predicted_all.resize(n_ahead * size_t(n_assign));
-        const auto route_ahead = [&](const layer_weights& w, barray<float>& scores, size_t slot) {
-            MS_ASSERT(w.exp_probs_b.size == n_experts);
-            e.be.route(scores.data(), w.exp_probs_b.data, n, n_experts, int(k), 1.0, true,
-                       ws.predicted_all.data() + slot * size_t(n_assign), nullptr);
-        };
-        route_ahead(*next, ws.ahead, 0);
-        for (size_t d = 0; d < n_far; ++d) route_ahead(*further[d], ws.ahead_far[d], 1 + d);
+    ws.predicted_all.resize(n_ahead * size_t(n_assign));
+    for (size_t d = 0; d < n_ahead; ++d) {
+        MS_ASSERT(ahead[d]->exp_probs_b.size == n_experts);
+        e.be.route(ws.ahead.data() + d * ahead_block, ahead[d]->exp_probs_b.data, n, n_experts, int(k), 1.0, true,
+                   ws.predicted_all.data() + d * size_t(n_assign), nullptr);
     }
     // The picks are the host's to schedule with (a few bytes).
     std::vector<int32_t>& picks = sc.picks;
@@ -309,27 +299,19 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         sc.predicted_all.resize(n_ahead * size_t(n_assign));
         e.be.download(sc.predicted_all.data(), ws.predicted_all.data(), sc.predicted_all.size() * sizeof(int32_t));
     }
-    const auto ahead_picks = [&](size_t slot, std::vector<int32_t>& host) {
-        const auto from = sc.predicted_all.begin() + std::ptrdiff_t(slot * size_t(n_assign));
-        host.assign(from, from + std::ptrdiff_t(n_assign));
-    };
-    if (look_ahead) {
+    // Nearest layer first (the tiers read hints in the order they come); the carried hints join
+    // the next layer's.
+    for (size_t d = 0; d < n_ahead; ++d) {
         std::vector<int32_t>& predicted = sc.predicted;
-        ahead_picks(0, predicted);
-        if (carried) {
+        const auto from = sc.predicted_all.begin() + std::ptrdiff_t(d * size_t(n_assign));
+        predicted.assign(from, from + std::ptrdiff_t(n_assign));
+        if (d == 0 && carried) {
             predicted.insert(predicted.end(), carried->begin(), carried->end());
             carried->clear();
         }
         distinct(predicted);
-        trace::mark(trace::ev::hint, layer + 1, int32_t(predicted.size()));
-        e.experts.hint(layer + 1, predicted);
-    }
-    for (size_t d = 0; d < n_far; ++d) {
-        std::vector<int32_t>& far = sc.predicted_far[d];
-        ahead_picks(1 + d, far);
-        distinct(far);
-        trace::mark(trace::ev::hint, layer + 2 + int(d), int32_t(far.size()));
-        e.experts.hint(layer + 2 + int(d), far);
+        trace::mark(trace::ev::hint, layer + 1 + int(d), int32_t(predicted.size()));
+        e.experts.hint(layer + 1 + int(d), predicted);
     }
 
     // Every expert's rows are gathered; the experts are taken in groups of what the source lets

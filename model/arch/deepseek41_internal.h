@@ -40,7 +40,6 @@ struct expert_work {
 // token); not thread_local: a forward suspended in moe() may continue on another thread.
 struct moe_scratch {
     std::vector<int32_t> picks, needed, predicted, pending, predicted_all;
-    std::vector<int32_t> predicted_far[kMaxLookaheadLayers - 1];  // L+2, L+3
     std::vector<int64_t> x_rows, w_index;
     std::vector<size_t> group;
     std::vector<matmul_job> jobs;
@@ -86,12 +85,11 @@ struct workspace {
     // attend_and_project
     barray<float> o{be}, u{be};
     // moe
-    barray<float> moe_xq{be}, scores{be}, ahead{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
+    barray<float> moe_xq{be}, scores{be}, weights{be}, shared_g{be}, shared_u{be}, shared_y{be};
     barray<int32_t> picks{be};
-    // The look-ahead's layers past the next one (L+2, L+3): their router scores.
-    static_assert(kMaxLookaheadLayers == 3, "one initializer per layer past the next");
-    barray<float> ahead_far[kMaxLookaheadLayers - 1]{barray<float>{be}, barray<float>{be}};
-    // Every look-ahead layer's picks side by side (L+1, then L+2, L+3): one download.
+    // The look-ahead layers' router scores, one [rows][n_experts] block per layer (L+1, L+2, ...).
+    barray<float> ahead{be};
+    // Every look-ahead layer's picks side by side (L+1, then L+2, ...): one download.
     barray<int32_t> predicted_all{be};
     barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
     barray<float> sorted_weights{be};
@@ -150,17 +148,15 @@ void attend_and_project(const env& e, const layer_weights& lw, const barray<floa
                         barray<float>& out, const hc_update* upd = nullptr);
 // MoE FFN of §3.5 -> out [n, dim]. `layer` numbers the expert source (n_layers + stage for drafts).
 // `extra` matmuls (independent of the MoE) join the router's parallel step.
-// `next`: the following layer, whose router predicts its experts when opts.lookahead is on;
-// `further`: the layers after it that opts.lookahead_layers reaches (L+2, L+3; at most two),
-// predicted from the same input.
+// `ahead`: the following layers that opts.lookahead_layers reaches (L+1, L+2, ...; at most
+// kMaxLookaheadLayers), whose routers predict their experts from this input when opts.lookahead is on.
 // `update` (may be empty): called after the router's step (so `extra` may compute what it needs);
 // the residual update it returns is applied in the pass that forms `out`.
 // A coroutine: it suspends while its experts are not resident (the caller co_awaits it).
 coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_experts, int n_active,
                        const float* x, const rows_info& rows, barray<float>& out,
-                       std::span<const matmul_job> extra = {}, const layer_weights* next = nullptr,
-                       const std::function<hc_update()>& update = {},
-                       std::span<const layer_weights* const> further = {});
+                       std::span<const matmul_job> extra = {}, std::span<const layer_weights* const> ahead = {},
+                       const std::function<hc_update()>& update = {});
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
 inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {

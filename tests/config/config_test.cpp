@@ -55,12 +55,30 @@ BOOST_AUTO_TEST_CASE(errors_name_the_field) {
     check(R"({"io": {"depth": 0}})", "io.depth");
     check(R"({"io": {"chunk_kib": 6}})", "io.chunk_kib");
     check(R"({"io": {"mode": "fast"}})", "io.mode");
-    check(R"({"io": {"lookahead_layers": 4}})", "io.lookahead_layers");
+    check(R"({"io": {"lookahead_layers": 7}})", "io.lookahead_layers");
     check(R"({"cache": {"device_cache_gb": 1}})", "cache.device_cache_gb");
+    check(R"({"cache": {"policy": "mru"}})", "cache.policy");
     check(R"({"caches": {}})", "caches");
     check(R"({"server": {"port": 70000}})", "server.port");
     check(R"({"log": {"level": "loud"}})", "log.level");
     check(R"({"io": )", "not valid JSON");
+}
+
+// The tiers' eviction policy: a flag or a field, printed and loaded again; a bad name is refused.
+BOOST_AUTO_TEST_CASE(cache_policy) {
+    auto d = load({});
+    BOOST_REQUIRE(d.ok());
+    BOOST_TEST(d->cache.policy == "lru");
+    auto layered = load({"--cache-policy", "layered"});
+    BOOST_REQUIRE_MESSAGE(layered.ok(), (layered.ok() ? "" : layered.message()));
+    BOOST_TEST(layered->cache.policy == "layered");
+    auto printed = apply_json({}, to_json(*layered), "printed.json");
+    BOOST_REQUIRE_MESSAGE(printed.ok(), (printed.ok() ? "" : printed.message()));
+    BOOST_TEST(printed->cache.policy == "layered");
+    auto bad = load({"--cache-policy", "fifo"});
+    BOOST_REQUIRE(!bad.ok());
+    BOOST_TEST(bad.message().find("--cache-policy") != std::string::npos, bad.message());
+    BOOST_TEST(bad.message().find("fifo") != std::string::npos, bad.message());
 }
 
 BOOST_AUTO_TEST_CASE(shipped_presets_are_valid) {

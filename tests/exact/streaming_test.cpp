@@ -53,7 +53,8 @@ tier_options budgets(uint64_t device, uint64_t host, std::string policy = "lru")
 
 result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_experts, double host_experts,
                                               uint32_t depth, uint64_t chunk, bool remap_sync = false,
-                                              std::function<uint32_t(int, int32_t)> delay_us = {}) {
+                                              std::function<uint32_t(int, int32_t)> delay_us = {},
+                                              std::string policy = "lru") {
     // Slot sizes in bytes, from a probe.
     auto probe = tiered_experts::create(*m.files, budgets(1 << 26, 1 << 26));
     if (!probe) return probe.err();
@@ -66,6 +67,8 @@ result<std::unique_ptr<tiered_experts>> tiers(fixture_model& m, double device_ex
     o.io.chunk_bytes = chunk;
     o.remap_sync = remap_sync;
     o.inject_delay_us = std::move(delay_us);
+    o.policy = std::move(policy);
+    o.head_start_forwards = 2;  // the fixture's forwards are short: a head start they feel
     return tiered_experts::create(*m.files, o);
 }
 
@@ -92,7 +95,8 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
         uint64_t chunk;
         int threads;
         bool remap = false;
-        int lookahead_layers = 1;  // 2: L+2 predicted too; 3: L+3 as well
+        int lookahead_layers = 1;  // d: L+1 .. L+d predicted (6: past the tiny model's last layer)
+        const char* policy = "lru";
     };
     // From "one expert in each tier" (every expert read again and again) to everything fits.
     for (const config c : {config{1, 1, 1, 4096, 1}, config{2, 3, 2, 4096, 2}, config{6, 2, 64, 8192, 3},
@@ -101,8 +105,12 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                            config{0, 6, 64, 1 << 20, 1, true}, config{1, 1, 1, 4096, 1, false, 2},
                            config{2, 3, 2, 4096, 2, false, 2}, config{0, 7, 4, 4096, 2, false, 2},
                            config{64, 8, 16, 1 << 20, 2, false, 2}, config{2, 3, 2, 4096, 2, false, 3},
-                           config{0, 7, 4, 4096, 2, false, 3}}) {
-        auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap);
+                           config{0, 7, 4, 4096, 2, false, 3}, config{1, 1, 1, 4096, 1, false, 6},
+                           config{2, 3, 2, 4096, 2, false, 4}, config{0, 7, 4, 4096, 2, false, 6},
+                           config{1, 1, 1, 4096, 1, false, 1, "layered"}, config{2, 3, 2, 4096, 2, false, 2, "layered"},
+                           config{0, 7, 4, 4096, 2, false, 4, "layered"}, config{0, 40, 8, 1 << 20, 2, false, 2, "layered"},
+                           config{0, 6, 64, 1 << 20, 1, true, 1, "layered"}}) {
+        auto t = tiers(m, c.device, c.host, c.depth, c.chunk, c.remap, {}, c.policy);
         if (skip_without_io_uring(t)) return;
         cpu_backend be(c.threads);
         const auto got = run(m, **t, be, nullptr, c.lookahead_layers);
@@ -116,9 +124,10 @@ BOOST_AUTO_TEST_CASE(tiny_budgets_give_the_resident_bits, *needs()) {
                                      << io.max_in_flight << ", mean completion post "
                                      << (k.completions_posted ? 1e6 * k.completion_post_seconds / double(k.completions_posted) : 0.0)
                                      << " us" << (c.remap ? " (remap-sync)" : "") << ", look-ahead layers "
-                                     << c.lookahead_layers);
+                                     << c.lookahead_layers << ", policy " << c.policy);
         BOOST_TEST(same_bits(got, reference), "device " << c.device << " host " << c.host << " depth " << c.depth
-                                                         << " look-ahead layers " << c.lookahead_layers);
+                                                         << " look-ahead layers " << c.lookahead_layers
+                                                         << " policy " << c.policy);
         BOOST_TEST(k.read_errors == 0u);
         BOOST_TEST(io.max_in_flight <= c.depth);
         BOOST_TEST(k.device_hits + k.host_hits + k.disk_reads >= k.demands - k.joins);

@@ -34,20 +34,37 @@ struct rng64 {
 
 // Spread over layers like real keys: 384 experts per layer.
 constexpr expert_key key(uint32_t n) { return make_expert_key(n / 384, n % 384); }
+// Neighbouring ids in different layers (8 of them), for the layered policy's random tests.
+constexpr expert_key spread_key(uint32_t n) { return make_expert_key(n % 8, n / 8); }
 
-enum class policy_kind { lru, lfu, belady };
+enum class policy_kind { lru, lfu, belady, layered };
+
+// The layered policy of the random tests: 8 layers, a head start of 28 steps (4 a layer).
+constexpr uint32_t kLayeredLayers = 8;
+constexpr uint64_t kLayeredHeadStart = 28;
+uint64_t layered_bonus(expert_key k) {
+    const uint32_t l = key_layer(k);
+    return l >= kLayeredLayers ? 0 : kLayeredHeadStart * (kLayeredLayers - 1 - l) / (kLayeredLayers - 1);
+}
 
 std::unique_ptr<eviction_policy> make(policy_kind kind, const std::vector<expert_key>& trace) {
     switch (kind) {
     case policy_kind::lru: return make_lru_policy();
     case policy_kind::lfu: return make_lfu_policy();
     case policy_kind::belady: return make_belady_policy(trace);
+    case policy_kind::layered: return make_layered_policy(kLayeredLayers, kLayeredHeadStart);
     }
     return nullptr;
 }
 
 const char* kind_name(policy_kind kind) {
-    return kind == policy_kind::lru ? "lru" : kind == policy_kind::lfu ? "lfu" : "belady";
+    switch (kind) {
+    case policy_kind::lru: return "lru";
+    case policy_kind::lfu: return "lfu";
+    case policy_kind::belady: return "belady";
+    case policy_kind::layered: return "layered";
+    }
+    return "?";
 }
 
 // Offline replay: every access is a demand and a load completes before the next access.
@@ -91,7 +108,8 @@ std::vector<expert_key> keys_of(std::initializer_list<uint32_t> ids) {
 
 // Zipf(s) over n_keys keys, popularity ranks shuffled onto key ids so that hot keys are not
 // also the lowest ids (which would line popularity up with the slot/key tie-breaks).
-std::vector<expert_key> zipf_trace(uint64_t seed, size_t length, uint32_t n_keys, double s) {
+std::vector<expert_key> zipf_trace(uint64_t seed, size_t length, uint32_t n_keys, double s,
+                                   expert_key (*to_key)(uint32_t) = key) {
     rng64 rng{seed};
     std::vector<double> cdf(static_cast<size_t>(n_keys));
     double total = 0;
@@ -104,7 +122,7 @@ std::vector<expert_key> zipf_trace(uint64_t seed, size_t length, uint32_t n_keys
     for (size_t i = 0; i < length; ++i) {
         auto r = static_cast<size_t>(std::upper_bound(cdf.begin(), cdf.end(), rng.unit() * total) -
                                      cdf.begin());
-        trace.push_back(key(id[std::min(r, id.size() - 1)]));
+        trace.push_back(to_key(id[std::min(r, id.size() - 1)]));
     }
     return trace;
 }
@@ -182,6 +200,7 @@ public:
         case policy_kind::lru: return x.last < y.last;
         case policy_kind::lfu: return x.freq < y.freq || (x.freq == y.freq && x.last < y.last);
         case policy_kind::belady: return next_use(x.key) > next_use(y.key);
+        case policy_kind::layered: return x.last + layered_bonus(x.key) < y.last + layered_bonus(y.key);
         }
         return false;
     }
@@ -291,7 +310,9 @@ struct drive_out {
 
 drive_out drive(policy_kind kind, uint64_t seed, size_t n_ops) {
     constexpr uint32_t n_slots = 24, n_keys = 64;
-    const std::vector<expert_key> trace = zipf_trace(seed, n_ops, n_keys, 0.8);
+    // The layered policy's keys span its layers (the others' all sit in layer 0).
+    expert_key (*const to_key)(uint32_t) = kind == policy_kind::layered ? spread_key : key;
+    const std::vector<expert_key> trace = zipf_trace(seed, n_ops, n_keys, 0.8, to_key);
     expert_cache real(n_slots, make(kind, trace));
     naive_cache ref(n_slots, kind, trace);
     rng64 rng{seed * 7919 + 1};
@@ -300,7 +321,7 @@ drive_out drive(policy_kind kind, uint64_t seed, size_t n_ops) {
     uint64_t step = 0;
     // Prefetches and erases draw from a slightly larger key space: keys the trace never uses
     // are Belady's never-used-again case.
-    auto any_key = [&] { return key(static_cast<uint32_t>(rng.below(n_keys + 4)) * 5 % (n_keys + 4)); };
+    auto any_key = [&] { return to_key(static_cast<uint32_t>(rng.below(n_keys + 4)) * 5 % (n_keys + 4)); };
     auto fail = [&](size_t op, const char* what) {
         BOOST_FAIL(kind_name(kind) << ": mismatch with the reference at operation " << op << ": " << what);
     };
@@ -421,6 +442,41 @@ BOOST_AUTO_TEST_CASE(lru_hit_miss_evict_sequence) {
     BOOST_TEST(c.counters().misses == 7u);
     BOOST_TEST(c.counters().evictions == 4u);
     BOOST_TEST(c.resident_keys() == (std::vector<expert_key>{A, B, E}), boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(layered_keeps_early_layers_longer) {
+    // 4 layers, head start 6: an access ranks as step + 6 (layer 0), + 4, + 2, + 0 (layer 3).
+    // 3 slots, a0 b1 c3 d3 e2 c3 b1 d3 at steps 0..7 (letter, layer). Ranks at each eviction:
+    // d3: a0 6, b1 5, c3 2 -> c3;  e2: a0 6, b1 5, d3 3 -> d3;  c3: a0 6, b1 5, e2 6 -> b1;
+    // b1: a0 6, c3 5, e2 6 -> c3;  d3: a0 6, b1 10, e2 6 -> a0 (tie with e2: the lower slot).
+    const expert_key a0 = make_expert_key(0, 1), b1 = make_expert_key(1, 1), c3 = make_expert_key(3, 1),
+                     d3 = make_expert_key(3, 2), e2 = make_expert_key(2, 1);
+    expert_cache c(3, make_layered_policy(4, 6));
+    BOOST_TEST((c.policy().name() == "layered"));
+    expect_demand(c, a0, 0, demand_action::load, 0);
+    expect_demand(c, b1, 1, demand_action::load, 1);
+    expect_demand(c, c3, 2, demand_action::load, 2);
+    expect_demand(c, d3, 3, demand_action::load, 2, c3);
+    expect_demand(c, e2, 4, demand_action::load, 2, d3);
+    expect_demand(c, c3, 5, demand_action::load, 1, b1);
+    expect_demand(c, b1, 6, demand_action::load, 1, c3);
+    expect_demand(c, d3, 7, demand_action::load, 0, a0);
+    BOOST_TEST(c.counters().misses == 8u);
+    BOOST_TEST(c.counters().evictions == 5u);
+    // Plain LRU evicts the first layer's expert first (the oldest access).
+    expert_cache lru(3);
+    expect_demand(lru, a0, 0, demand_action::load, 0);
+    expect_demand(lru, b1, 1, demand_action::load, 1);
+    expect_demand(lru, c3, 2, demand_action::load, 2);
+    expect_demand(lru, d3, 3, demand_action::load, 0, a0);
+    // Layers past the model's (the draft's) get no head start; a one-layer model gives its
+    // layer the whole one.
+    layered_lru_policy p(4, 6);
+    BOOST_TEST(p.bonus(0) == 6u);
+    BOOST_TEST(p.bonus(2) == 2u);
+    BOOST_TEST(p.bonus(3) == 0u);
+    BOOST_TEST(p.bonus(4) == 0u);
+    BOOST_TEST(layered_lru_policy(1, 6).bonus(0) == 6u);
 }
 
 BOOST_AUTO_TEST_CASE(lfu_evicts_least_frequent_then_least_recent) {
@@ -654,13 +710,19 @@ BOOST_AUTO_TEST_CASE(policy_by_name) {
     BOOST_REQUIRE(lru.ok());
     BOOST_TEST(((*lru)->name() == "lru"));
     BOOST_TEST(make_policy("lfu").ok());
+    auto layered = make_policy("layered", {40, 160});
+    BOOST_REQUIRE(layered.ok());
+    BOOST_TEST(((*layered)->name() == "layered"));
+    auto no_layers = make_policy("layered");
+    BOOST_REQUIRE(!no_layers.ok());
+    BOOST_TEST(no_layers.message().find("layer count") != std::string::npos);
     auto bad = make_policy("belady");
     BOOST_REQUIRE(!bad.ok());
     BOOST_TEST(bad.message().find("unknown eviction policy 'belady'") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(same_sequence_same_victims) {
-    for (policy_kind kind : {policy_kind::lru, policy_kind::lfu, policy_kind::belady}) {
+    for (policy_kind kind : {policy_kind::lru, policy_kind::lfu, policy_kind::belady, policy_kind::layered}) {
         BOOST_TEST_CONTEXT(kind_name(kind)) {
             drive_out a = drive(kind, 7, 20000), b = drive(kind, 7, 20000);
             BOOST_TEST(a.victims.size() > 1000u);
@@ -672,7 +734,7 @@ BOOST_AUTO_TEST_CASE(same_sequence_same_victims) {
 }
 
 BOOST_AUTO_TEST_CASE(stress_matches_naive_reference) {
-    for (policy_kind kind : {policy_kind::lru, policy_kind::lfu, policy_kind::belady}) {
+    for (policy_kind kind : {policy_kind::lru, policy_kind::lfu, policy_kind::belady, policy_kind::layered}) {
         drive_out out = drive(kind, 1234, 100000);
         const cache_counters& n = out.counters;
         BOOST_TEST_MESSAGE("stress " << kind_name(kind) << ": hits " << n.hits << ", joins " << n.joins
