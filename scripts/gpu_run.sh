@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [pdl] [modes] [spec] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [pdl] [modes] [spec] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -56,8 +56,23 @@ print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, c
   fi
 fi
 if [[ $what == *kernels* ]]; then
-  timeout 200 "$BIN" bench kernels --rounds 15 --shapes ${SHAPES:-mini,flash} > "$OUT/bench_kernels.log" 2>&1
-  summary+=("bench kernels exit $?")
+  if [[ -n ${KERNEL_AB:-} ]]; then
+    # Kernel variants A/B in one session: KERNEL_AB="VAR=a VAR=b" (an environment setting per run,
+    # e.g. MOESTREAM_MXFP4_SPLIT=0), KERNEL_ROUNDS passes interleaved; one log per setting, the
+    # passes one after the other in it.
+    for r in $(seq 1 ${KERNEL_ROUNDS:-2}); do
+      for kv in $KERNEL_AB; do
+        log="$OUT/bench_kernels_${kv//[^A-Za-z0-9]/_}.log"
+        echo "=== pass $r: $kv" >> "$log"
+        env "$kv" timeout 200 "$BIN" bench kernels --rounds ${KERNEL_BENCH_ROUNDS:-9} \
+          --shapes ${SHAPES:-mini,flash} >> "$log" 2>&1
+        summary+=("bench kernels $kv pass $r exit $?")
+      done
+    done
+  else
+    timeout 200 "$BIN" bench kernels --rounds 15 --shapes ${SHAPES:-mini,flash} > "$OUT/bench_kernels.log" 2>&1
+    summary+=("bench kernels exit $?")
+  fi
 fi
 if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   for preset in ${PRESETS:-mini-lite mini}; do
@@ -80,17 +95,23 @@ if [[ $what == *stream* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   summary+=("bench decode streaming mini exit $?: $(grep -E 'GPU|remap' "$OUT/stream_mini.log" | tr '\n' ' ')")
 fi
 if [[ $what == *ab* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
-  # Rounds of streamed mini (published proportions) over look-ahead settings, engine alone
-  # (--no-remap): AB="depth:keep ..." (keep 0: MOESTREAM_KEEP_FIRST_LAYER=0), AB_ROUNDS rounds,
-  # interleaved so that drift hits every setting alike.
+  # Rounds of streamed mini (published proportions) over streaming settings, engine alone
+  # (--no-remap): AB="depth:keep[:policy[:head_start]] ..." (keep 0: MOESTREAM_KEEP_FIRST_LAYER=0;
+  # policy: --cache-policy, lru by default; head_start: MOESTREAM_HEAD_START forwards), AB_ROUNDS
+  # rounds, interleaved so that drift hits every setting alike. One log per setting (the device
+  # tool brings back a bounded number of files), the rounds one after the other in it.
   [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
   for r in $(seq 1 ${AB_ROUNDS:-2}); do
     for cfg in ${AB:-2:1 2:0 3:1}; do
-      la=${cfg%%:*}; keep=${cfg##*:}
-      MOESTREAM_KEEP_FIRST_LAYER=$keep timeout 200 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf \
-        --device-cache 0.80 --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs on --no-remap --lookahead $la \
-        > "$OUT/ab_la${la}_keep${keep}_r$r.log" 2>&1
-      summary+=("ab la $la keep $keep round $r exit $?: $(grep -E 'new content|GPU, graphs' "$OUT/ab_la${la}_keep${keep}_r$r.log" | tr '\n' ' ')")
+      IFS=: read -r la keep pol hs <<< "$cfg"
+      pol=${pol:-lru}; hs=${hs:-4}
+      log="$OUT/ab_la${la}_keep${keep}_${pol}${hs}.log"
+      echo "=== round $r: lookahead $la keep $keep policy $pol head start $hs" >> "$log"
+      MOESTREAM_KEEP_FIRST_LAYER=$keep MOESTREAM_HEAD_START=$hs timeout 200 "$BIN" bench decode --backend cuda \
+        --model /tmp/mini.gguf --device-cache 0.80 --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs on \
+        --no-remap --lookahead $la --cache-policy $pol >> "$log" 2>&1
+      rc=$?
+      summary+=("ab $cfg round $r exit $rc: $(sed -n "/=== round $r:/,\$p" "$log" | grep -E 'new content|GPU, graphs' | tr '\n' ' ')")
     done
   done
 fi

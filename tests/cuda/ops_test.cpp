@@ -107,16 +107,18 @@ BOOST_AUTO_TEST_CASE(matmul_batch_pairs_router_and_rounding) {
     REQUIRE_BITS_EQUAL(run(gpu(), true, false), got);
 }
 
-// The MXFP4 tensor-core path (matmul_mma.cuh) on expert-like shapes: rows of 5120 and 2304
-// columns, a SwiGLU pair and a plain job in one launch, x rows of very different magnitudes
-// (bf16 values, fp32 values, scaled by 2^20 and 2^-20), against the CPU row by row, and each x
-// row alone giving its bits in the batch.
+// The MXFP4 tensor-core path (matmul_mma.cuh) on expert-like shapes, a SwiGLU pair and a plain
+// job in one launch, x rows of very different magnitudes (bf16 values, fp32 values, scaled by
+// 2^20 and 2^-20), against the CPU row by row, and each x row alone giving its bits in the batch.
+// Rows of 5120 and 4096 columns start at 16-byte boundaries, of 2304 alternately 0 and 8 bytes
+// past one, of 1152 at 0, 4, 8 and 12 (the stages' windows start below a row's first byte).
 BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch) {
     struct shape {
         int64_t rows, cols;
     };
     uint32_t seed = 700;
-    for (auto [rows, cols] : {shape{200, 5120}, shape{150, 2304}, shape{37, 128}}) {
+    for (auto [rows, cols] : {shape{200, 5120}, shape{300, 4096}, shape{150, 2304}, shape{75, 1152}, shape{100, 896},
+                              shape{37, 128}}) {
         const auto gate = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
         const auto up = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
         const auto plain = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
