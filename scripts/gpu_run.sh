@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [pdl] [modes] [spec] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -114,6 +114,19 @@ if [[ $what == *ab* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
       summary+=("ab $cfg round $r exit $rc: $(sed -n "/=== round $r:/,\$p" "$log" | grep -E 'new content|GPU, graphs' | tr '\n' ' ')")
     done
   done
+fi
+if [[ $what == *trace* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # One traced pass of streamed mini (published proportions, TRACE_ARGS for settings), the
+  # timeline summarised on the device (scripts/trace_report.py --layers --host) so that only a
+  # text file comes back.
+  [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
+  rm -f /tmp/trace.csv
+  MOESTREAM_TRACE=/tmp/trace.csv timeout 200 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf \
+    --device-cache 0.80 --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs ${TRACE_GRAPHS:-on} --no-remap ${TRACE_ARGS:-} \
+    > "$OUT/trace_bench.log" 2>&1
+  summary+=("traced bench exit $?: $(grep -E 'new content' "$OUT/trace_bench.log" | tr '\n' ' ')")
+  python3 scripts/trace_report.py /tmp/trace.csv --layers --host > "$OUT/trace_report.txt" 2>&1
+  summary+=("trace report exit $?: $(head -1 "$OUT/trace_report.txt")")
 fi
 if [[ $what == *pdl* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   # Step graphs with programmatic edges (the default) against plain ones, same run.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarises a MOESTREAM_TRACE timeline (config/event_trace.h) of a streamed decode.
 
-Usage: MOESTREAM_TRACE=/tmp/t.csv moestream bench decode ...; scripts/trace_report.py /tmp/t.csv [--step N] [--layers]
+Usage: MOESTREAM_TRACE=/tmp/t.csv moestream bench decode ...; scripts/trace_report.py /tmp/t.csv [--step N] [--layers] [--host]
 
 Decode steps are the layer-0 picks of one row; steps more than 300 ms apart start a new phase
 (bench decode runs several). Per phase: the median step, the disk's idle time in a step (no
@@ -10,6 +10,7 @@ expert read outstanding) and how much of it fell while the forward waited for ex
 per layer of the first phase's steps (the first two and the last left out): demand and predicted
 reads, the forward's wait for experts, and the disk's idle time while the forward was at that
 layer (from its picks to the next layer's; the last layer's share holds the head and sampling).
+With --host, per layer, where the forward thread's time goes between its events (host_profile).
 """
 import collections
 import csv
@@ -86,6 +87,54 @@ def layer_profile(rows, phase):
         print(f"  L{L:<3d} {demand[L] / steps:5.2f} {hinted[L] / steps:5.2f} {wait[L] / steps:8.0f} {idle[L] / steps:8.0f}")
 
 
+def host_profile(rows, phase):
+    """Per layer, the forward thread's time between its events, means over the phase's steps (the
+    first two and the last left out): picks (from asking for the router's picks to announcing the
+    layer's union: the download waits for the device to run everything enqueued before it), plan
+    (the announcement, the hints and the jobs, up to the first wait for experts), wait (for
+    experts), issue (from the last wait to the layer's MoE kernels all issued) and next (from
+    there to the next layer's picks: enqueuing its attention and router)."""
+    parts = ("picks", "plan", "wait", "issue", "next")
+    acc = collections.defaultdict(lambda: dict.fromkeys(parts, 0.0))
+    steps = 0
+    for s in range(2, len(phase) - 1):
+        a, b = phase[s], phase[s + 1]
+        thread = rows[a][1]
+        mark = {}
+        for t, th, ev, L, v in rows[a:b + 1]:
+            if th != thread:
+                continue
+            if ev == "picks_wait":
+                if "moe_end" in mark and "L" in mark:
+                    acc[mark["L"]]["next"] += t - mark["moe_end"]
+                mark = {"L": L, "picks_wait": t}
+            elif ev == "need" and "picks_wait" in mark:
+                acc[L]["picks"] += t - mark["picks_wait"]
+                mark["need"] = t
+            elif ev == "wait_begin" and "need" in mark:
+                if "first_wait" not in mark:
+                    mark["first_wait"] = t
+                    acc[L]["plan"] += t - mark["need"]
+                mark["began"] = t
+            elif ev == "wait_end" and "began" in mark:
+                acc[L]["wait"] += t - mark.pop("began")
+                mark["last_end"] = t
+            elif ev == "moe_end" and "need" in mark:
+                acc[L]["issue"] += t - mark.get("last_end", mark.get("first_wait", mark["need"]))
+                mark["moe_end"] = t
+        steps += 1
+    if steps == 0:
+        return
+    print(f"forward thread per layer over {steps} steps (a step's mean, us): " + ", ".join(parts))
+    total = dict.fromkeys(parts, 0.0)
+    for L in sorted(acc):
+        row = acc[L]
+        for k in parts:
+            total[k] += row[k] / steps
+        print(f"  L{L:<3d} " + " ".join(f"{row[k] / steps:8.0f}" for k in parts))
+    print("  all  " + " ".join(f"{total[k]:8.0f}" for k in parts))
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -100,6 +149,8 @@ def main():
               f"({med[2]:.1f} of it while the forward waited), {med[3]:.0f} reads a step")
     if "--layers" in sys.argv and phases:
         layer_profile(rows, phases[0])
+    if "--host" in sys.argv and phases:
+        host_profile(rows, phases[0])
     if "--step" in sys.argv and phases:
         k = int(sys.argv[sys.argv.index("--step") + 1])
         a, b = phases[0][k], phases[0][k + 1]
