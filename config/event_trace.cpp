@@ -22,9 +22,10 @@ struct entry {
     ev kind;
 };
 
-constexpr std::array<const char*, 14> kNames = {"picks_wait", "need",      "hint",        "wait_begin", "wait_end",
+constexpr std::array<const char*, 16> kNames = {"picks_wait", "need",      "hint",        "wait_begin", "wait_end",
                                                "moe_end",    "read_demand", "read_hint", "read_done",  "host_answer",
-                                               "dev_ask",    "dev_answer", "copy_issue", "copy_done"};
+                                               "dev_ask",    "dev_answer", "copy_issue", "copy_done", "layer_begin",
+                                               "attn_end"};
 
 // 4 Mi events (96 MiB): a mini streaming bench (~40 layers x ~20 events x a few hundred steps)
 // fits many times over.

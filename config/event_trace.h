@@ -24,6 +24,8 @@ enum class ev : uint8_t {
     dev_answer,   // the host tier's answer reaches the device tier (value: how many)
     copy_issue,   // an expert's upload into a VRAM slot is enqueued (value: expert)
     copy_done,    // ... and completed (value: expert)
+    layer_begin,  // the forward starts a layer (its engram rows, attention) (value: rows)
+    attn_end,     // the layer's attention and output projection are issued (value: rows)
 };
 
 bool enabled();

@@ -92,21 +92,29 @@ def host_profile(rows, phase):
     first two and the last left out): picks (from asking for the router's picks to announcing the
     layer's union: the download waits for the device to run everything enqueued before it), plan
     (the announcement, the hints and the jobs, up to the first wait for experts), wait (for
-    experts), issue (from the last wait to the layer's MoE kernels all issued) and next (from
-    there to the next layer's picks: enqueuing its attention and router)."""
-    parts = ("picks", "plan", "wait", "issue", "next")
+    experts), issue (from the last wait to the layer's MoE kernels all issued), then up to the next
+    layer's picks: sum (to the next layer's start), attn (its engram rows, attention and output
+    projection issued) and router (its norm, mixes and router issued, up to asking for the picks).
+    A layer's sum, attn and router are the next layer's (the last layer's sum holds the head)."""
+    parts = ("picks", "plan", "wait", "issue", "sum", "attn", "router")
     acc = collections.defaultdict(lambda: dict.fromkeys(parts, 0.0))
     steps = 0
     for s in range(2, len(phase) - 1):
         a, b = phase[s], phase[s + 1]
         thread = rows[a][1]
-        mark = {}
+        mark, prev = {}, None  # this layer's marks; the previous layer's number
         for t, th, ev, L, v in rows[a:b + 1]:
             if th != thread:
                 continue
-            if ev == "picks_wait":
-                if "moe_end" in mark and "L" in mark:
-                    acc[mark["L"]]["next"] += t - mark["moe_end"]
+            if ev == "layer_begin" and "moe_end" in mark:
+                acc[mark["L"]]["sum"] += t - mark["moe_end"]
+                mark["layer_begin"] = t
+            elif ev == "attn_end" and "layer_begin" in mark:
+                acc[mark["L"]]["attn"] += t - mark["layer_begin"]
+                mark["attn_end"] = t
+            elif ev == "picks_wait":
+                if "attn_end" in mark:
+                    acc[mark["L"]]["router"] += t - mark["attn_end"]
                 mark = {"L": L, "picks_wait": t}
             elif ev == "need" and "picks_wait" in mark:
                 acc[L]["picks"] += t - mark["picks_wait"]

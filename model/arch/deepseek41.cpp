@@ -8,6 +8,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "config/event_trace.h"
 #include "model/arch/deepseek41_internal.h"
 #include "model/bf16.h"
 #include "model/prefetch.h"
@@ -259,6 +260,7 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
     } engram_scope{opts_.engram};
 
     for (int L = 0; L < hp.n_layers; ++L) {
+        trace::mark(trace::ev::layer_begin, L, int32_t(R));
         const layer_weights& lw = w_.layers[size_t(L)];
         const int ratio = hp.compress_ratios[size_t(L)];
         // The layer's small vectors (norm weights, routing bias, mix parameters) are read by the
@@ -539,6 +541,7 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
         // input (with the attention's own mix: V4.1 threading). x is free: its readers ran.
         const hc_update updA{H, ws.mixA.post.data(), ws.mixA.comb.data(), ws.mixA.pre.data(), x, hc};
         detail::attend_and_project(env, lw, ws.q, arows, rows, freqs, ws.a, &updA);
+        trace::mark(trace::ev::attn_end, L, int32_t(R));
         detail::observe(env, "attn_out", L, ws.a.data(), {R, dim});
 
         // ---- MoE sub-layer ----
