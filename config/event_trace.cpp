@@ -26,6 +26,7 @@ constexpr std::array<const char*, 16> kNames = {"picks_wait", "need",      "hint
                                                "moe_end",    "read_demand", "read_hint", "read_done",  "host_answer",
                                                "dev_ask",    "dev_answer", "copy_issue", "copy_done", "layer_begin",
                                                "attn_end"};
+static_assert(kNames.size() == size_t(ev::attn_end) + 1, "a name for every event");
 
 // 4 Mi events (96 MiB): a mini streaming bench (~40 layers x ~20 events x a few hundred steps)
 // fits many times over.
