@@ -356,6 +356,15 @@ class backend {
     // then adds into its row in ascending id order, as the host-scheduled MoE adds them.
     virtual void order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
                              float* sorted_weights) = 0;
+    // route() with select, then order_picks() of its picks and weights: the same values in all
+    // four arrays. A backend may do both in one op (the CUDA backend: one kernel instead of two a
+    // layer in the resident decode step).
+    virtual void route_ordered(const float* scores, const float* bias, int64_t n, int n_experts, int k,
+                               double route_scale, int32_t* picks, float* weights, int32_t* sorted_picks,
+                               float* sorted_weights) {
+        route(scores, bias, n, n_experts, k, route_scale, true, picks, weights);
+        order_picks(picks, weights, n, k, sorted_picks, sorted_weights);
+    }
     // Every assignment's gate and up projections through the slot table (x: n rows of gate.cols
     // floats, stride gate.cols; g, u: n * k rows of gate.rows floats, assignment a at row a), each
     // value as matmul_batch() computes it: with `swiglu`, the SwiGLU pair job (limit, the

@@ -154,9 +154,7 @@ status moe_through_slots(const env& e, const layer_weights& lw, const expert_slo
     const int64_t dim = e.hp.dim, n_assign = n * k, sinter = lw.gate_shexp.rows;
     MS_ASSERT_MSG(t.gate.rows == inter && t.up.rows == inter && t.gate.cols == dim && t.down.rows == dim,
                   "an expert's shape differs from moe_inter");
-    ws.sorted_picks.resize(size_t(n_assign));
-    ws.sorted_weights.resize(size_t(n_assign));
-    e.be.order_picks(ws.picks.data(), ws.weights.data(), n, int(k), ws.sorted_picks.data(), ws.sorted_weights.data());
+    // (ws.sorted_picks and ws.sorted_weights: formed with the picks, route_ordered in moe().)
     ws.ex_g.resize(size_t(n_assign * inter));
     ws.ex_u.resize(size_t(n_assign * inter));
     ws.ex_y.resize(size_t(n_assign * dim));
@@ -234,8 +232,16 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     ws.picks.resize(size_t(n_assign));
     ws.weights.resize(size_t(n_assign));
     MS_ASSERT(lw.exp_probs_b.size == n_experts);
-    e.be.route(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale, true, ws.picks.data(),
-               ws.weights.data());
+    if (table) {
+        // The slot-table ops take the picks in ascending id order: formed with them.
+        ws.sorted_picks.resize(size_t(n_assign));
+        ws.sorted_weights.resize(size_t(n_assign));
+        e.be.route_ordered(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale,
+                           ws.picks.data(), ws.weights.data(), ws.sorted_picks.data(), ws.sorted_weights.data());
+    } else {
+        e.be.route(ws.scores.data(), lw.exp_probs_b.data, n, n_experts, int(k), hp.route_scale, true, ws.picks.data(),
+                   ws.weights.data());
+    }
     const int64_t inter = hp.moe_inter;
     if (table) {
         observe(e, "router_scores", layer, ws.scores.data(), {n, n_experts});

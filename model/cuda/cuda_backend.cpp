@@ -470,6 +470,12 @@ class cuda_backend final : public backend {
                int32_t* picks, float* weights) override {
         launch(kernels::route(stream_, scores, bias, n, n_experts, k, route_scale, select, picks, weights), "route");
     }
+    void route_ordered(const float* scores, const float* bias, int64_t n, int n_experts, int k, double route_scale,
+                       int32_t* picks, float* weights, int32_t* sorted_picks, float* sorted_weights) override {
+        launch(kernels::route(stream_, scores, bias, n, n_experts, k, route_scale, true, picks, weights, sorted_picks,
+                              sorted_weights),
+               "route");
+    }
     void order_picks(const int32_t* picks, const float* weights, int64_t n, int k, int32_t* sorted_picks,
                      float* sorted_weights) override {
         launch(kernels::order_picks(stream_, picks, weights, n, k, sorted_picks, sorted_weights), "order_picks");

@@ -131,8 +131,11 @@ cudaError_t indexer_scores(cudaStream_t s, const float* q, const float* w, int64
 // p's pointers are device pointers, n_visible too; block_scores: room for rows * ceil(n_total /
 // block_size) floats when p is a candidate source.
 cudaError_t indexer_select(cudaStream_t s, const indexer_pick& p, float* block_scores);
+// sorted_picks/sorted_weights (both or neither; select and weights required): order_picks of the
+// result too, in the same kernel (moe_kernels.h's order_picks gives the same values).
 cudaError_t route(cudaStream_t s, const float* scores, const float* bias, int64_t n, int n_experts, int k,
-                  double route_scale, bool select, int32_t* picks, float* weights);
+                  double route_scale, bool select, int32_t* picks, float* weights, int32_t* sorted_picks = nullptr,
+                  float* sorted_weights = nullptr);
 
 // Largest dynamic shared memory a block may be given (set at start-up from the device).
 void set_shared_memory_limit(size_t bytes);

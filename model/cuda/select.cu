@@ -156,7 +156,8 @@ __device__ __forceinline__ void warp_best(float& best, int32_t& best_i) {
 }
 
 __global__ void k_route(const float* __restrict__ scores, const float* __restrict__ bias, int64_t n, int n_experts, int k,
-                        double route_scale, bool select, int32_t* picks, float* weights) {
+                        double route_scale, bool select, int32_t* picks, float* weights, int32_t* sorted_picks,
+                        float* sorted_weights) {
     grid_dependency_prologue();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = int(threadIdx.x) % kWarp;
@@ -208,9 +209,21 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
         for (int j = 0; j < k; ++j) chosen[j] = p[j];
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, s[chosen[j]]);
-    for (int j = 0; j < k; ++j)
-        weights[r * k + j] =
-            __double2float_rn(__dmul_rn(double(__fdiv_rn(s[chosen[j]], __fadd_rn(sum, 1e-20f))), route_scale));
+    float w[16];
+    for (int j = 0; j < k; ++j) {
+        w[j] = __double2float_rn(__dmul_rn(double(__fdiv_rn(s[chosen[j]], __fadd_rn(sum, 1e-20f))), route_scale));
+        weights[r * k + j] = w[j];
+    }
+    if (!sorted_picks) return;
+    // order_picks' insertion sort by id (a row's picks are distinct, so the order is unique).
+    for (int j = 1; j < k; ++j)
+        for (int i = j; i > 0 && chosen[i] < chosen[i - 1]; --i) {
+            const int32_t tp = chosen[i];
+            chosen[i] = chosen[i - 1], chosen[i - 1] = tp;
+            const float tw = w[i];
+            w[i] = w[i - 1], w[i - 1] = tw;
+        }
+    for (int j = 0; j < k; ++j) sorted_picks[j * n + r] = chosen[j], sorted_weights[j * n + r] = w[j];
 }
 
 }  // namespace
@@ -222,12 +235,15 @@ cudaError_t indexer_select(cudaStream_t s, const indexer_pick& p, float* block_s
 }
 
 cudaError_t route(cudaStream_t s, const float* scores, const float* bias, int64_t n, int n_experts, int k,
-                  double route_scale, bool select, int32_t* picks, float* weights) {
+                  double route_scale, bool select, int32_t* picks, float* weights, int32_t* sorted_picks,
+                  float* sorted_weights) {
     if (n == 0) return cudaSuccess;
     if (k < 1 || k > 16 || k > n_experts) return cudaErrorInvalidValue;
+    if ((sorted_picks == nullptr) != (sorted_weights == nullptr) || (sorted_picks && (!select || !weights)))
+        return cudaErrorInvalidValue;
     constexpr int warps = 4;
     return launch_kernel(s, k_route, dim3(grid_for(n, warps)), dim3(warps * kWarp), 0, scores, bias, n, n_experts, k,
-                         route_scale, select, picks, weights);
+                         route_scale, select, picks, weights, sorted_picks, sorted_weights);
 }
 
 }  // namespace moestream::cuda::kernels

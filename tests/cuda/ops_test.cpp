@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <numeric>
+#include <tuple>
 
 #include "gpu_support.h"
 #include "model/attention_keys.h"
@@ -516,6 +517,40 @@ BOOST_AUTO_TEST_CASE(routing_is_the_cpus) {
             return out;
         };
         REQUIRE_BITS_EQUAL(run(gpu()), run(cpu()));
+    }
+}
+
+// route_ordered (one kernel on the GPU) gives route's picks and weights and order_picks' sorted
+// arrays, bit for bit the CPU's (its default: the two ops), at the router's sizes and a few more.
+BOOST_AUTO_TEST_CASE(routing_in_id_order_is_route_then_order_picks) {
+    for (auto [n, experts, k] : {std::tuple<int64_t, int64_t, int>{1, 96, 6}, {5, 256, 8}, {8, 64, 1}, {3, 384, 16}}) {
+        auto s = float_values(size_t(n * experts), uint32_t(93 + n), 0.1f);
+        for (auto& v : s) v = std::fabs(v);
+        s[3] = s[7];  // a tie
+        const auto bias = float_values(size_t(experts), uint32_t(94 + n), 0.05f);
+        auto run = [&](backend& be, bool fused) {
+            auto sa = put(be, s), ba = put(be, bias);
+            backend_array<int32_t> p(be, size_t(n * k)), sp(be, size_t(n * k));
+            backend_array<float> w(be, size_t(n * k)), sw(be, size_t(n * k));
+            if (fused) {
+                be.route_ordered(sa.data(), ba.data(), n, int(experts), k, 2.5, p.data(), w.data(), sp.data(), sw.data());
+            } else {
+                be.route(sa.data(), ba.data(), n, int(experts), k, 2.5, true, p.data(), w.data());
+                be.order_picks(p.data(), w.data(), n, k, sp.data(), sw.data());
+            }
+            std::vector<float> out = get(be, w);
+            const auto sorted_w = get(be, sw);
+            out.insert(out.end(), sorted_w.begin(), sorted_w.end());
+            std::vector<int32_t> ids = get(be, p);
+            const auto sorted_ids = get(be, sp);
+            ids.insert(ids.end(), sorted_ids.begin(), sorted_ids.end());
+            for (int32_t id : ids) out.push_back(float(id));
+            return out;
+        };
+        const auto want = run(cpu(), false);
+        REQUIRE_BITS_EQUAL(run(cpu(), true), want);
+        REQUIRE_BITS_EQUAL(run(gpu(), false), want);
+        REQUIRE_BITS_EQUAL(run(gpu(), true), want);
     }
 }
 
