@@ -91,7 +91,7 @@ struct workspace {
     barray<float> ahead{be};
     // Every look-ahead layer's picks side by side (L+1, then L+2, ...): one download.
     barray<int32_t> predicted_all{be};
-    barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::order_picks)
+    barray<int32_t> sorted_picks{be};  // the slot-table MoE's assignments (backend::route_ordered)
     barray<float> sorted_weights{be};
     barray<float> ex_x{be}, ex_w{be}, ex_g{be}, ex_u{be}, ex_y{be};
     // draft
