@@ -30,6 +30,21 @@ __device__ __forceinline__ double warp_sum(double v) {
     return v;
 }
 
+// Row r's k picks (distinct expert ids) and their weights in ascending id order, written
+// transposed (sorted_picks[j * n + r]): backend::order_picks, shared by its kernel and the
+// router's (route_ordered). Insertion sort: the picks are distinct, so the order is unique.
+__device__ __forceinline__ void store_in_id_order(int32_t* p, float* w, int k, int64_t n, int64_t r,
+                                                  int32_t* sorted_picks, float* sorted_weights) {
+    for (int j = 1; j < k; ++j)
+        for (int i = j; i > 0 && p[i] < p[i - 1]; --i) {
+            const int32_t tp = p[i];
+            p[i] = p[i - 1], p[i - 1] = tp;
+            const float tw = w[i];
+            w[i] = w[i - 1], w[i - 1] = tw;
+        }
+    for (int j = 0; j < k; ++j) sorted_picks[j * n + r] = p[j], sorted_weights[j * n + r] = w[j];
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));

@@ -19,15 +19,7 @@ __global__ void k_order_picks(const int32_t* __restrict__ picks, const float* __
     int32_t p[kMaxK];
     float w[kMaxK];
     for (int j = 0; j < k; ++j) p[j] = picks[r * k + j], w[j] = weights[r * k + j];
-    // Insertion sort by id (the picks of a row are distinct, so the order is unique).
-    for (int j = 1; j < k; ++j)
-        for (int i = j; i > 0 && p[i] < p[i - 1]; --i) {
-            const int32_t tp = p[i];
-            p[i] = p[i - 1], p[i - 1] = tp;
-            const float tw = w[i];
-            w[i] = w[i - 1], w[i - 1] = tw;
-        }
-    for (int j = 0; j < k; ++j) sorted_picks[j * n + r] = p[j], sorted_weights[j * n + r] = w[j];
+    store_in_id_order(p, w, k, n, r, sorted_picks, sorted_weights);
 }
 
 __global__ void k_expand_routed_jobs(const mm_job* __restrict__ templates, int n_jobs, int per,

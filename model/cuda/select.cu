@@ -214,16 +214,7 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
         w[j] = __double2float_rn(__dmul_rn(double(__fdiv_rn(s[chosen[j]], __fadd_rn(sum, 1e-20f))), route_scale));
         weights[r * k + j] = w[j];
     }
-    if (!sorted_picks) return;
-    // order_picks' insertion sort by id (a row's picks are distinct, so the order is unique).
-    for (int j = 1; j < k; ++j)
-        for (int i = j; i > 0 && chosen[i] < chosen[i - 1]; --i) {
-            const int32_t tp = chosen[i];
-            chosen[i] = chosen[i - 1], chosen[i - 1] = tp;
-            const float tw = w[i];
-            w[i] = w[i - 1], w[i - 1] = tw;
-        }
-    for (int j = 0; j < k; ++j) sorted_picks[j * n + r] = chosen[j], sorted_weights[j * n + r] = w[j];
+    if (sorted_picks) store_in_id_order(chosen, w, k, n, r, sorted_picks, sorted_weights);
 }
 
 }  // namespace
