@@ -159,9 +159,10 @@ struct slot_matrix {
     int64_t cols = 0, rows = 0;
     size_t row_stride = 0;
     size_t offset = 0;  // bytes from the slot's start
+    weight_layout layout = weight_layout::rows;
     // The matrix in slot `slot` of the table's memory (host reads of slot_of: CPU backend only).
     weight_view in(const std::byte* base, size_t slot_bytes, int64_t slot) const {
-        return {base + size_t(slot) * slot_bytes + offset, type, cols, rows, row_stride};
+        return {base + size_t(slot) * slot_bytes + offset, type, cols, rows, row_stride, layout};
     }
 };
 struct expert_slot_table {
@@ -190,10 +191,13 @@ class copy_stream {
     // the backend's ops (call it between two ops, outside a recorded step).
     virtual void mark_ops(int e) = 0;
     // One fill: the pieces are copied once the ops marked by each event of `after` have
-    // finished; ops issued after this call (by any thread) start once the copies have
-    // finished; then `copied(e)` runs, the first moment the sources may be reused. `e` is this
-    // fill's event until then.
-    virtual void fill(int e, std::span<const int> after, std::span<const copy_piece> pieces) = 0;
+    // finished, then the matrices of `tile` (backend memory the pieces wrote: MXFP4, rows
+    // layout, tileable; a backend whose tiles_mxfp4() is false is given none) are tiled in
+    // place; ops issued after this call (by any thread) start once all that has finished; then
+    // `copied(e)` runs, the first moment the sources may be reused. `e` is this fill's event
+    // until then.
+    virtual void fill(int e, std::span<const int> after, std::span<const copy_piece> pieces,
+                      std::span<const weight_view> tile) = 0;
     // What the stream could not have as asked (e.g. a source region it could not page-lock,
     // so copies from it are staged by the driver: slower, same bytes); empty when nothing.
     virtual std::string notes() const { return {}; }
@@ -248,6 +252,17 @@ class backend {
     // latest, in the order issued; a backend that does not capture ignores both calls.
     virtual void step_begin() {}
     virtual void step_end() {}
+
+    // ---- weight layouts ----
+    // Whether MXFP4 matrices this backend computes with should be tiled (model/mxfp4_tiles.h):
+    // the CUDA backend's tensor-core matmul reads tiled ones faster. The CPU backend never tiles.
+    virtual bool tiles_mxfp4() const { return false; }
+    // Tiles matrices of backend memory in place (each MXFP4, rows layout, tileable), ordered
+    // after the ops issued before it; their views then carry weight_layout::mxfp4_tiles. Only
+    // where tiles_mxfp4().
+    virtual void tile_mxfp4(std::span<const weight_view> matrices) {
+        MS_ASSERT_MSG(matrices.empty(), "this backend does not tile MXFP4 weights");
+    }
 
     // ---- copy streams ----
     // A copy stream beside the ops (see copy_stream); an error when its streams or events

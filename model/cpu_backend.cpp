@@ -241,6 +241,7 @@ void cpu_backend::matmul(const weight_view& w, const float* x, int64_t x_stride,
     timer t_(*this, k_matmul);
     MS_ASSERT(!w.empty() && n >= 0);
     MS_ASSERT_MSG(w.row_stride == size_t(row_bytes(dtype_info(w.type), w.cols)), "weight rows must be contiguous");
+    MS_ASSERT_MSG(w.layout == weight_layout::rows, "the CPU backend reads weights in rows only");
     if (n == 0) return;
     moestream::matmul(pool_, w.type, w.data, w.rows, w.cols, x, n, x_stride, y, y_stride);
     if (round)
@@ -260,6 +261,8 @@ void cpu_backend::matmul_batch(std::span<const matmul_job> jobs) {
     job_row_bytes_.assign(jobs.size(), 0);
     int64_t total = 0;
     for (size_t j = 0; j < jobs.size(); ++j) {
+        MS_ASSERT_MSG(jobs[j].w.layout == weight_layout::rows && jobs[j].up.layout == weight_layout::rows,
+                      "the CPU backend reads weights in rows only");
         const auto& jb = jobs[j];
         MS_ASSERT(!jb.w.empty());
         MS_ASSERT_MSG(jb.w.row_stride == size_t(row_bytes(dtype_info(jb.w.type), jb.w.cols)), "weight rows must be contiguous");

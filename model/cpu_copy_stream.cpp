@@ -13,8 +13,10 @@ class cpu_copy_stream final : public copy_stream {
   public:
     explicit cpu_copy_stream(copy_stream_options opts) : opts_(std::move(opts)) {}
     void mark_ops(int e) override { MS_ASSERT(e >= 0 && e < opts_.events); }
-    void fill(int e, std::span<const int> after, std::span<const copy_piece> pieces) override {
+    void fill(int e, std::span<const int> after, std::span<const copy_piece> pieces,
+              std::span<const weight_view> tile) override {
         MS_ASSERT(e >= 0 && e < opts_.events);
+        MS_ASSERT_MSG(tile.empty(), "the CPU backend does not tile MXFP4 weights");
         for (int a : after) MS_ASSERT(a >= 0 && a < opts_.events);  // marks of ops that have finished
         for (const copy_piece& p : pieces) std::memcpy(p.dst, p.src, p.bytes);
         opts_.copied(e);  // the copies have finished: the sources may be reused

@@ -11,21 +11,28 @@
 
 namespace moestream {
 
+// How a matrix's bytes are ordered. `rows`: the file's (ggml) rows. `mxfp4_tiles`: MXFP4 rows
+// regrouped for the GPU's tensor-core kernel (model/mxfp4_tiles.h), the same bytes per strip of
+// 8 rows; only the CUDA backend makes and reads them (slots of its expert cache).
+enum class weight_layout : uint8_t { rows, mxfp4_tiles };
+
 struct weight_view {
     const void* data = nullptr;
     ggml_type type = ggml_type::f32;
     int64_t cols = 0;        // elements per row (the input dimension of a linear)
     int64_t rows = 0;        // rows (the output dimension)
     size_t row_stride = 0;   // bytes between consecutive rows
+    weight_layout layout = weight_layout::rows;
 
     bool empty() const { return data == nullptr; }
     const std::byte* row(int64_t r) const {
-        MS_ASSERT(r >= 0 && r < rows);
+        MS_ASSERT(r >= 0 && r < rows && layout == weight_layout::rows);
         return static_cast<const std::byte*>(data) + size_t(r) * row_stride;
     }
     // Rows [first, first + count) as a view of their own.
     weight_view slice_rows(int64_t first, int64_t count) const {
         MS_ASSERT(first >= 0 && count >= 0 && first + count <= rows);
+        MS_ASSERT_MSG(layout == weight_layout::rows, "rows of a tiled matrix are not contiguous");
         return {row_or_end(first), type, cols, count, row_stride};
     }
     // A contiguous tensor of the given type.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "config/event_trace.h"
+#include "model/mxfp4_tiles.h"
 #include "scheduler/expert_slot_layout.h"
 
 namespace moestream {
@@ -93,7 +94,12 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
         const auto matrix = [&](const weight_view& w, int p) {
             const size_t at = size_t(layout.part_offset[size_t(p)]);
             MS_ASSERT(at % kAlign == 0 && at + view_bytes(w) <= d->slot_bytes_);
-            return slot_matrix{w.type, w.cols, w.rows, w.row_stride, at};
+            // MXFP4 parts the backend reads faster tiled are tiled as they are copied in (the
+            // fills' last step): a slot's views then say so.
+            const bool tiled = be.tiles_mxfp4() && w.type == ggml_type::mxfp4 &&
+                               mxfp4_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride));
+            return slot_matrix{w.type, w.cols, w.rows, w.row_stride, at,
+                               tiled ? weight_layout::mxfp4_tiles : weight_layout::rows};
         };
         d->parts_.push_back({matrix(ew.gate, 0), matrix(ew.up, 1), matrix(ew.down, 2)});
     }
@@ -106,6 +112,7 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
     for (int64_t k = 0; k < total; ++k) d->held_slot_[size_t(k)].store(-1, std::memory_order_relaxed);
     d->slots_.resize(size_t(slots));
     d->fill_pieces_.reserve(3 * kFillExperts);
+    d->fill_tiles_.reserve(3 * kFillExperts);
     // Two events a slot, made now: `freed` (the compute stream's mark at its last release) and
     // `filled` (the end of its copy).
     copy_stream_options co;
@@ -469,6 +476,7 @@ void device_experts::on_fetched(uint64_t id, result<dsv41::ready_experts> r) {
 
 bool device_experts::place_landed() {
     fill_pieces_.clear();
+    fill_tiles_.clear();
     fill_after_mark_ = 0;
     fill_after_ = -1;
     int32_t first = -1, last = -1;
@@ -489,7 +497,7 @@ bool device_experts::place_landed() {
     // After the kernels that read the slots' previous experts (marked at their releases); the
     // compute stream then waits for these copies before any kernel issued after this call.
     const int after[1] = {fill_after_};
-    copy_->fill(filled_event(first), std::span<const int>(after, fill_after_ >= 0 ? 1 : 0), fill_pieces_);
+    copy_->fill(filled_event(first), std::span<const int>(after, fill_after_ >= 0 ? 1 : 0), fill_pieces_, fill_tiles_);
     stats_.issue_seconds += seconds_since(t0);
     if (loaded_ == total_) all_resident_.store(true, std::memory_order_release);  // after the last fill's wait
     return true;
@@ -540,6 +548,11 @@ void device_experts::add_to_fill(int32_t s, const landed& l) {
         dev[p] = parts[size_t(p)].in(memory_.data(), slot_bytes_, s);
         std::byte* at = memory_.data() + size_t(s) * slot_bytes_ + parts[size_t(p)].offset;
         add_piece(at, static_cast<const std::byte*>(host[p]->data), view_bytes(*host[p]));
+        if (dev[p].layout == weight_layout::mxfp4_tiles) {
+            weight_view copied = dev[p];
+            copied.layout = weight_layout::rows;  // as the copy leaves it; the fill tiles it
+            fill_tiles_.push_back(copied);
+        }
         stats_.bytes_uploaded += view_bytes(*host[p]);
     }
     sl.views = {dev[0], dev[1], dev[2]};

@@ -236,6 +236,7 @@ class device_experts final : public dsv41::expert_source {
     uint64_t clock_ = 0;
     counters stats_;
     std::vector<copy_piece> fill_pieces_;  // the fill being put together (room made at start-up)
+    std::vector<weight_view> fill_tiles_;  // its MXFP4 parts to tile once copied (room made at start-up)
     int fill_after_ = -1;  // the event the fill's copies wait for (the latest release mark of its slots), or -1
     uint64_t fill_after_mark_ = 0;
 };

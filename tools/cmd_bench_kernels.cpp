@@ -62,21 +62,35 @@ int run(const cli::args& a) {
     const double d2d = 2.0 * double(size_t(2) << 30) / copy->median;
     std::printf("device-to-device copy (2 GiB, read + write): %.0f GB/s (%.0f-%.0f)\n\n", d2d / 1e9,
                 2.0 * double(size_t(2) << 30) / copy->max / 1e9, 2.0 * double(size_t(2) << 30) / copy->min / 1e9);
-    std::printf("%-6s %-26s %-6s %5s %10s %8s %7s %14s %7s %9s\n", "model", "matmuls", "type", "batch", "us", "GB/s",
-                "ratio", "cuBLAS bf16 us", "ratio", "graph us");
+    std::printf("%-6s %-26s %-11s %5s %10s %8s %7s %14s %7s %9s %7s\n", "model", "matmuls", "type", "batch", "us", "GB/s",
+                "ratio", "cuBLAS bf16 us", "ratio", "graph us", "ratio");
+    // The experts' MXFP4 in both layouts: tiled (as the expert cache holds them on this backend)
+    // and in the file's rows (the kernel for untiled matrices).
+    struct kind {
+        ggml_type type;
+        weight_layout layout;
+        const char* label;
+    };
+    const bool tiles = gpu.tiles_mxfp4();
     for (const auto& s : kShapes) {
         if (only.find(s.model) == std::string::npos) continue;
-        const std::vector<ggml_type> types = s.expert ? std::vector<ggml_type>{ggml_type::mxfp4, ggml_type::q8_0, ggml_type::bf16}
-                                                      : std::vector<ggml_type>{ggml_type::q8_0, ggml_type::bf16};
-        for (ggml_type t : types)
+        std::vector<kind> kinds;
+        if (s.expert) {
+            if (tiles) kinds.push_back({ggml_type::mxfp4, weight_layout::mxfp4_tiles, "MXFP4 tiles"});
+            kinds.push_back({ggml_type::mxfp4, weight_layout::rows, "MXFP4 rows"});
+        }
+        kinds.push_back({ggml_type::q8_0, weight_layout::rows, "Q8_0"});
+        kinds.push_back({ggml_type::bf16, weight_layout::rows, "BF16"});
+        for (const kind& k : kinds)
             for (int64_t n : {1, 2, 4}) {
-                const cuda::matmul_case c{t, s.rows, s.cols, s.jobs, s.pair};
+                const ggml_type t = k.type;
+                const cuda::matmul_case c{t, s.rows, s.cols, s.jobs, s.pair, k.layout};
                 auto ours = cuda::matmul_seconds(gpu, c, n, int(*rounds));
                 if (!ours) return fail(kName, ours.message());
                 const double gbps = cuda::weight_bytes(c) / ours->median;
-                std::printf("%-6s %-26s %-6s %5lld %10.1f %8.0f %7.3f", s.model, s.what, std::string(dtype_name(t)).c_str(),
+                std::printf("%-6s %-26s %-11s %5lld %10.1f %8.0f %7.3f", s.model, s.what, k.label,
                             static_cast<long long>(n), ours->median * 1e6, gbps / 1e9, gbps / d2d);
-                if (t == ggml_type::bf16 || t == types.front()) {
+                if (t == ggml_type::bf16 || &k == &kinds.front()) {
                     auto cb = cuda::cublas_bf16_seconds(gpu, c, n, int(*rounds));
                     if (cb) {
                         cuda::matmul_case bf = c;
@@ -88,13 +102,13 @@ int run(const cli::args& a) {
                 } else {
                     std::printf(" %14s %7s", "", "");
                 }
-                // Mini's shapes are launch-bound: their time inside a step's graph (as decode runs
-                // them, programmatic edges included) beside the stream figure.
-                if (std::string_view(s.model) == "mini") {
-                    auto in_graph = cuda::matmul_seconds(gpu, c, n, int(*rounds), true);
-                    if (!in_graph) return fail(kName, in_graph.message());
-                    std::printf(" %9.1f", in_graph->median * 1e6);
-                }
+                // The time inside a step's graph (as a resident decode runs them: descriptors staged
+                // once at the graph's head, programmatic edges, so a launch may load its first
+                // weights while the one before it ends) beside the stream figure, which pays a
+                // descriptor copy and a full launch gap per launch; and its ratio.
+                auto in_graph = cuda::matmul_seconds(gpu, c, n, int(*rounds), true);
+                if (!in_graph) return fail(kName, in_graph.message());
+                std::printf(" %9.1f %7.3f", in_graph->median * 1e6, cuda::weight_bytes(c) / in_graph->median / d2d);
                 std::printf("\n");
                 std::fflush(stdout);
             }

@@ -21,9 +21,20 @@
 #include "model/cuda/moe_kernels.h"
 #include "model/cuda/step_graph.h"
 #include "model/cuda/step_recorder.h"
+#include "model/mxfp4_tiles.h"
 
 namespace moestream::cuda {
 namespace {
+
+// MOESTREAM_MXFP4_TILES=0 keeps MXFP4 experts in the file's rows (the rows kernel), for A/B runs
+// and the check that both layouts give the same bits.
+bool mxfp4_tiles_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("MOESTREAM_MXFP4_TILES");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
 
 
 std::string gib(size_t bytes) {
@@ -228,6 +239,25 @@ class cuda_backend final : public backend {
     }
     bool host_memory() const override { return false; }
 
+    // ---- weight layouts ----
+    bool tiles_mxfp4() const override { return mxfp4_tiles_enabled(); }
+    void tile_mxfp4(std::span<const weight_view> matrices) override {
+        MS_ASSERT_MSG(!capturing_, "tile_mxfp4() inside a captured step");
+        kernels::tile_batch b;
+        for (size_t i = 0; i < matrices.size(); ++i) {
+            const weight_view& w = matrices[i];
+            MS_ASSERT_MSG(w.type == ggml_type::mxfp4 && w.layout == weight_layout::rows &&
+                              mxfp4_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride)),
+                          "tile_mxfp4: not a tileable MXFP4 matrix in rows");
+            b.m[b.n++] = {static_cast<uint8_t*>(const_cast<void*>(w.data)), int32_t(w.rows), int32_t(w.cols)};
+            if (b.n == kernels::kMaxTileMatrices || i + 1 == matrices.size()) {
+                ++stats_.launches;
+                check(kernels::tile_mxfp4(stream_, b), "tile_mxfp4");
+                b.n = 0;
+            }
+        }
+    }
+
     // ---- copy streams (model/cuda/copy_stream.h) ----
     result<std::unique_ptr<copy_stream>> make_copy_stream(copy_stream_options opts) override {
         return cuda::make_copy_stream(stream_, &recording_, std::move(opts));
@@ -241,11 +271,16 @@ class cuda_backend final : public backend {
     }
 
     void matmul_batch(std::span<const matmul_job> jobs) override {
-        // One launch per weight type present (a layer's MXFP4 experts, its Q8_0 shared expert...).
-        for (ggml_type type : {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4}) {
+        // One launch per weight type and layout present (a layer's MXFP4 experts, its Q8_0
+        // shared expert...).
+        constexpr std::pair<ggml_type, weight_layout> kKinds[] = {
+            {ggml_type::f32, weight_layout::rows},   {ggml_type::f16, weight_layout::rows},
+            {ggml_type::bf16, weight_layout::rows},  {ggml_type::q8_0, weight_layout::rows},
+            {ggml_type::mxfp4, weight_layout::rows}, {ggml_type::mxfp4, weight_layout::mxfp4_tiles}};
+        for (const auto& [type, layout] : kKinds) {
             mm_jobs_.clear();
             for (const auto& j : jobs) {
-                if (j.w.type != type || j.n == 0) continue;
+                if (j.w.type != type || j.w.layout != layout || j.n == 0) continue;
                 MS_ASSERT(!j.w.empty() && j.x && j.y);
                 kernels::mm_job k;
                 k.w = static_cast<const uint8_t*>(j.w.data);
@@ -257,10 +292,11 @@ class cuda_backend final : public backend {
                 k.y = j.y;
                 k.y_stride = j.y_stride;
                 k.n = int32_t(j.n);
-                k.flags = (j.round_bf16 ? kernels::kRound : 0u) | (j.router_scores ? kernels::kRouterScore : 0u);
+                k.flags = (j.round_bf16 ? kernels::kRound : 0u) | (j.router_scores ? kernels::kRouterScore : 0u) |
+                          (layout == weight_layout::mxfp4_tiles ? kernels::kTiles : 0u);
                 if (!j.up.empty()) {
                     MS_ASSERT_MSG(j.up.type == j.w.type && j.up.rows == j.w.rows && j.up.cols == j.w.cols &&
-                                      j.up.row_stride == j.w.row_stride && j.u != nullptr,
+                                      j.up.row_stride == j.w.row_stride && j.up.layout == j.w.layout && j.u != nullptr,
                                   "swiglu pair: gate and up differ in shape");
                     k.up = static_cast<const uint8_t*>(j.up.data);
                     k.u = j.u;
@@ -278,8 +314,10 @@ class cuda_backend final : public backend {
             launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), plan, true), "matmul");
         }
         for (const auto& j : jobs)
-            MS_ASSERT_MSG(j.n == 0 || j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||
-                              j.w.type == ggml_type::bf16 || j.w.type == ggml_type::q8_0 || j.w.type == ggml_type::mxfp4,
+            MS_ASSERT_MSG(j.n == 0 || ((j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||
+                                        j.w.type == ggml_type::bf16 || j.w.type == ggml_type::q8_0) &&
+                                       j.w.layout == weight_layout::rows) ||
+                              j.w.type == ggml_type::mxfp4,
                           "matmul: weight type without a CUDA kernel");
     }
 
@@ -483,7 +521,7 @@ class cuda_backend final : public backend {
     void moe_gate_up(const expert_slot_table& t, const float* x, int64_t n, int k, const int32_t* sorted_picks,
                      const float* sorted_weights, float* g, float* u, bool swiglu, float limit) override {
         MS_ASSERT(t.gate.type == t.up.type && t.gate.rows == t.up.rows && t.gate.cols == t.up.cols &&
-                  t.gate.row_stride == t.up.row_stride);
+                  t.gate.row_stride == t.up.row_stride && t.gate.layout == t.up.layout);
         const int64_t inter = t.gate.rows, dim = t.gate.cols;
         routed_.clear();
         for (int64_t a = 0; a < n * k; ++a) {
@@ -534,7 +572,7 @@ class cuda_backend final : public backend {
         j.y = y;
         j.y_stride = y_stride;
         j.n = 1;
-        j.flags = kernels::kRound;
+        j.flags = kernels::kRound | (m.layout == weight_layout::mxfp4_tiles ? kernels::kTiles : 0u);
         return j;
     }
     // routed_'s templates planned as one launch, expanded through the slot table on the device

@@ -86,11 +86,18 @@ result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int 
     std::vector<float> ones(size_t(n), 1.0f);
     b.rw = backend_array<float>(be, ones.size());
     be.upload(b.rw.data(), ones.data(), ones.size() * sizeof(float));
+    if (c.layout == weight_layout::mxfp4_tiles) {
+        std::vector<weight_view> all;
+        for (const auto& w : b.w) all.push_back(weight_view::contiguous(w.data(), c.type, c.cols, c.rows));
+        be.tile_mxfp4(all);
+    }
     std::vector<std::vector<matmul_job>> launches(static_cast<size_t>(sets));
     for (int s = 0; s < sets; ++s)
         for (int j = 0; j < c.jobs; ++j) {
             const auto view = [&](int m) {
-                return weight_view::contiguous(b.w[size_t(s * mats + m)].data(), c.type, c.cols, c.rows);
+                weight_view v = weight_view::contiguous(b.w[size_t(s * mats + m)].data(), c.type, c.cols, c.rows);
+                v.layout = c.layout;
+                return v;
             };
             matmul_job job{view(c.pair ? 2 * j : j), b.x.data(), c.cols, n, b.y.data() + j * n * c.rows, c.rows, true};
             if (c.pair) {

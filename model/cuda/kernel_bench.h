@@ -28,6 +28,9 @@ struct matmul_case {
     int64_t rows = 0, cols = 0;
     int jobs = 1;
     bool pair = false;
+    // MXFP4: the weights tiled on the device first (model/mxfp4_tiles.h), as the expert cache
+    // holds them, or in the file's rows.
+    weight_layout layout = weight_layout::rows;
 };
 // Weight bytes one launch of the case reads.
 double weight_bytes(const matmul_case& c);

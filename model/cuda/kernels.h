@@ -37,7 +37,9 @@ struct mm_job {
     int64_t first_block = 0;  // the job's first thread block (a prefix sum over the launch's jobs)
     int32_t block_rows = 0;   // output rows per block (plan_matmul); MXFP4 tensor-core jobs: -tiles per block
 };
-inline constexpr uint32_t kRound = 1, kRouterScore = 2, kSwiglu = 4;
+// kTiles: MXFP4 weights in the tile layout (model/mxfp4_tiles.h); a launch's jobs are all tiled
+// or none is.
+inline constexpr uint32_t kRound = 1, kRouterScore = 2, kSwiglu = 4, kTiles = 8;
 // Warps a thread block of the matmul kernel runs, the most output rows a block takes, and the
 // most x rows a group holds (its x rows are staged in shared memory: kChunkFloats floats per 32
 // columns).
@@ -65,6 +67,11 @@ struct matmul_plan {
     // alone, with rings of stages of that many 32-blocks (every job takes the mma path with that
     // ring), whose registers are not shared with the CUDA-core path.
     int mxfp4_ring = 0;
+    // MXFP4 launches of tiled jobs: the kernel that reads the tile layout; `uniform_blocks`: the
+    // blocks of every job when all have the same (a layer's experts: a block finds its job by one
+    // division instead of a search over the descriptors), else 0.
+    bool tiles = false;
+    int64_t uniform_blocks = 0;
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul. MXFP4
@@ -75,6 +82,20 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // the CUDA-core kernel may read them, and prefetch its weights, before its predecessor ends.
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, const matmul_plan& plan,
                    bool staged_jobs);
+
+// Tiles MXFP4 matrices in place (model/mxfp4_tiles.h): every matrix's rows a multiple of 8, its
+// cols tileable. The kernel lets no dependent kernel start before it has finished (a matmul may
+// load weights before it waits for its predecessor).
+struct tile_matrix {
+    uint8_t* data = nullptr;
+    int32_t rows = 0, cols = 0;
+};
+inline constexpr int kMaxTileMatrices = 24;  // a fill's 8 experts x gate, up, down
+struct tile_batch {
+    int n = 0;
+    tile_matrix m[kMaxTileMatrices];
+};
+cudaError_t tile_mxfp4(cudaStream_t s, const tile_batch& batch);
 
 // ---- sums and updates ----
 // f[r][d] = bf16(Σ_e src[e][d] for e in [starts[r], starts[r + 1])) in order, then the hc update

@@ -324,6 +324,52 @@ __global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict
     cuda_core_block<T, kMatmulWarps>(jb, blk - jb.first_block, xs);
 }
 
+// Where warp `warp` of an mma launch's block `local` (from its job's first) works: its job's
+// group of x rows [r0, r0 + nr) and its tile of 16 weight rows (a pair's 8 gate and 8 up rows),
+// or none (active false). A shape question: never a value's.
+struct mma_place {
+    bool pair = false, active = false;
+    int64_t r0 = 0, tile = 0;
+    int nr = 0;
+};
+__device__ __forceinline__ mma_place place_in(const mm_job& jb, int64_t local, int warp) {
+    const int per_block = -jb.block_rows;
+    mma_place p;
+    p.pair = jb.up != nullptr;
+    const int64_t tile_rows = p.pair ? 8 : 16;
+    const int64_t tiles = (jb.rows + tile_rows - 1) / tile_rows;
+    const int64_t chunks = (tiles + per_block - 1) / per_block;
+    const int64_t grp = local / chunks, chunk = local % chunks;
+    const int gsz = mma::mma_group_rows(jb.cols);
+    p.r0 = grp * gsz;
+    p.nr = jb.n - p.r0 < gsz ? int(jb.n - p.r0) : gsz;
+    p.tile = chunk * per_block + warp;
+    p.active = warp < per_block && p.tile < tiles;
+    return p;
+}
+
+// A warp's outputs of an mma tile (compute_tile's or compute_tiles' `out`): lanes t < 2 hold x
+// rows 2t and 2t + 1 of fragment rows oA and oB (a pair's gate and up row oA), scaled back by
+// 2^(14 - s) of their x row. Rows past the matrix are not stored.
+__device__ __forceinline__ void store_tile_outputs(const mm_job& jb, const float (&out)[4], const int* sexp, int64_t r0,
+                                                   int nr, int64_t oA, int64_t oB, bool pair, int lane) {
+    const int t = lane & 3;
+    if (t >= 2) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int xr = 2 * t + i;
+        if (xr >= nr) continue;
+        const int e = 14 - sexp[xr];
+        const float vA = scalbnf(out[i], e), vB = scalbnf(out[2 + i], e);
+        if (pair) {
+            if (oA < jb.rows) store_output(jb, vA, vB, r0 + xr, oA, true);
+        } else {
+            if (oA < jb.rows) store_output(jb, vA, 0.0f, r0 + xr, oA, false);
+            if (oB < jb.rows) store_output(jb, vB, 0.0f, r0 + xr, oB, false);
+        }
+    }
+}
+
 // One warp's tile of an mma job through rings of shape R: its copies, the group's x staged
 // meanwhile (every warp of the block takes part), then the products. Returns false for a warp
 // with no tile (after the staging barriers).
@@ -392,18 +438,11 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
             return;
         }
     }
-    const int per_block = -jb.block_rows;
-    const bool pair = jb.up != nullptr;
-    const int64_t tile_rows = pair ? 8 : 16;
-    const int64_t tiles = (jb.rows + tile_rows - 1) / tile_rows;
-    const int64_t chunks = (tiles + per_block - 1) / per_block;
-    const int64_t grp = local / chunks, chunk = local % chunks;
-    const int gsz = mma::mma_group_rows(jb.cols);
-    const int64_t r0 = grp * gsz;
-    const int nr = jb.n - r0 < gsz ? int(jb.n - r0) : gsz;
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
-    const int64_t tile = chunk * per_block + warp;
-    const bool active = warp < per_block && tile < tiles;
+    const mma_place at = place_in(jb, local, warp);
+    const bool pair = at.pair, active = at.active;
+    const int64_t r0 = at.r0, tile = at.tile;
+    const int nr = at.nr;
     float out[4];
     int64_t oA = 0, oB = 0;
     // The ring's shape is the job's (its shape alone decides it), never a value's.
@@ -415,20 +454,65 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_j
     else
         ran = mma_tile<mma::ring_shape<kRing>>(jb, tile, active, r0, nr, smem, sexp, red, out, oA, oB);
     if (!ran) return;
-    const int t = lane & 3;
-    if (t >= 2) return;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int xr = 2 * t + i;
-        if (xr >= nr) continue;
-        const int e = 14 - sexp[xr];
-        const float vA = scalbnf(out[i], e), vB = scalbnf(out[2 + i], e);
-        if (pair) {
-            if (oA < jb.rows) store_output(jb, vA, vB, r0 + xr, oA, true);
-        } else {
-            if (oA < jb.rows) store_output(jb, vA, 0.0f, r0 + xr, oA, false);
-            if (oB < jb.rows) store_output(jb, vB, 0.0f, r0 + xr, oB, false);
-        }
+    store_tile_outputs(jb, out, sexp, r0, nr, oA, oB, pair, lane);
+}
+
+// One warp's tile of a tiled job and its outputs, for a group of NR x rows (a template
+// argument, so that the accumulators of x rows past the group are never computed).
+template <int NR>
+__device__ __forceinline__ void tiles_warp(const mm_job& jb, mma::tile_unit_regs (&buf)[mma::kTileAhead],
+                                           const uint8_t* A, const uint8_t* B, int64_t units, const uint4* xs,
+                                           const int* sexp, int64_t r0, int64_t tile, bool pair, int lane) {
+    float out[4];
+    mma::compute_tiles<NR>(buf, A, B, units, xs, lane, out);
+    const int g = lane >> 2;
+    store_tile_outputs(jb, out, sexp, r0, NR, pair ? tile * 8 + g : tile * 16 + g, tile * 16 + 8 + g, pair, lane);
+}
+
+// MXFP4 launches whose jobs are all tiled (model/mxfp4_tiles.h; kTiles): the mma path's tiles,
+// groups and products (mma::compute_tiles), the weights loaded straight into registers. With
+// host-staged descriptors a warp's first units are loaded before the kernel waits for its
+// predecessor: weights never depend on it (the tiler, the one kernel that writes weights, lets
+// no dependent start before it ends: tiles.cu).
+__global__ void __launch_bounds__(mma::kMmaThreads, 1)
+    k_matmul_mxfp4_tiles(const mm_job* __restrict__ jobs, int n_jobs, int64_t uniform_blocks, bool staged_jobs) {
+    if (!staged_jobs) grid_dependency_prologue();
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
+    __shared__ int sexp[mma::kMmaGroupRows];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = uniform_blocks > 0 ? jobs[blk / uniform_blocks] : find_job(jobs, n_jobs, blk);
+    const int64_t local = blk - jb.first_block;
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const mma_place at = place_in(jb, local, warp);
+    const bool pair = at.pair, active = at.active;
+    const int64_t r0 = at.r0, tile = at.tile;
+    const int nr = at.nr;
+    // The tile's strips: a pair's gate and up strips, else two consecutive strips (the first
+    // twice when the matrix ends after it: its second half is computed, never stored).
+    const int64_t strip = mxfp4_tiles::strip_bytes(jb.cols), units = jb.cols / (32 * mxfp4_tiles::kUnitBlocks);
+    const uint8_t *A = jb.w, *B = jb.w;
+    if (pair) {
+        A = jb.w + tile * strip;
+        B = jb.up + tile * strip;
+    } else {
+        A = jb.w + 2 * tile * strip;
+        B = (2 * tile + 1) * mxfp4_tiles::kStripRows < jb.rows ? A + strip : A;
+    }
+    mma::tile_unit_regs buf[mma::kTileAhead];
+    if (active) {
+        mma::prefetch_tiles(buf, A, B, units, lane);
+        mma::prefetch_tiles_l2(A, B, units, lane);
+    }
+    if (staged_jobs) grid_dependency_prologue();
+    uint4* xs = reinterpret_cast<uint4*>(smem);
+    mma::stage_x(jb, r0, nr, xs, sexp, red);
+    if (!active) return;
+    switch (nr) {
+        case 1: tiles_warp<1>(jb, buf, A, B, units, xs, sexp, r0, tile, pair, lane); break;
+        case 2: tiles_warp<2>(jb, buf, A, B, units, xs, sexp, r0, tile, pair, lane); break;
+        case 3: tiles_warp<3>(jb, buf, A, B, units, xs, sexp, r0, tile, pair, lane); break;
+        default: tiles_warp<4>(jb, buf, A, B, units, xs, sexp, r0, tile, pair, lane); break;
     }
 }
 
@@ -460,6 +544,20 @@ cudaError_t launch_mxfp4_kernel(cudaStream_t s, const mm_job* jobs, int n_jobs, 
         opted_in = true;
     }
     return launch_kernel(s, k_matmul_mxfp4<kRing>, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs);
+}
+
+cudaError_t launch_mxfp4_tiles(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared,
+                               int64_t uniform_blocks, bool staged_jobs) {
+    if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
+    static bool opted_in = false;
+    if (shared > (48u << 10) && !opted_in) {
+        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   int(kMxfp4SharedMax));
+        if (e != cudaSuccess) return e;
+        opted_in = true;
+    }
+    return launch_kernel(s, k_matmul_mxfp4_tiles, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs,
+                         uniform_blocks, staged_jobs);
 }
 
 cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared, int ring) {
@@ -520,12 +618,45 @@ int sm_count() {
 // MXFP4: tiles per block (the same for every mma job of the launch) so that the launch's
 // tiles spread over the SMs in one wave where they can (which block or warp computes a tile
 // never changes its values); the other jobs as the CUDA-core kernel plans them, with 16 warps.
+matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
+    matmul_plan p;
+    p.tiles = true;
+    int64_t tiles = 0;
+    for (int i = 0; i < n_jobs; ++i) {
+        const mm_job& j = jobs[i];
+        if (!(j.flags & kTiles) || !mxfp4_tiles::tileable(j.rows, j.cols, j.row_bytes) ||
+            (j.up && (j.rows % 8) != 0) || mma::mma_group_rows(j.cols) == 0)
+            return {-1, 0};
+        tiles += mma_tiles(j);
+        const size_t sh = mma::mma_x_bytes(j.cols, j.n);
+        if (sh > p.shared) p.shared = sh;
+    }
+    const int64_t sms = sm_count();
+    int64_t per_block = (tiles + sms - 1) / sms;
+    per_block = per_block < 1 ? 1 : per_block > mma::kMmaWarps ? mma::kMmaWarps : per_block;
+    for (int i = 0; i < n_jobs; ++i) {
+        mm_job& j = jobs[i];
+        const int64_t tile_rows = j.up ? 8 : 16;
+        const int g = mma::mma_group_rows(j.cols);
+        const int64_t row_tiles = (j.rows + tile_rows - 1) / tile_rows;
+        j.first_block = p.blocks;
+        j.block_rows = -int32_t(per_block);
+        const int64_t b = ((j.n + g - 1) / g) * ((row_tiles + per_block - 1) / per_block);
+        p.uniform_blocks = i == 0 || p.uniform_blocks == b ? b : -1;
+        p.blocks += b;
+    }
+    if (p.uniform_blocks < 0) p.uniform_blocks = 0;
+    return p;
+}
+
 matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
+    if (n_jobs > 0 && (jobs[0].flags & kTiles)) return plan_mxfp4_tiles(jobs, n_jobs);
     matmul_plan p;
     int64_t tiles = 0, core_blocks = 0;
     bool narrow = false, wide = false;  // mma jobs with rings of 8 / 16 blocks
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
+        if (j.flags & kTiles) return {-1, 0};  // a launch is tiled throughout or not at all
         if (takes_mma(j)) {
             tiles += mma_tiles(j);
             const size_t sh = mma::mma_shared_bytes(j.cols, j.n);
@@ -602,7 +733,9 @@ cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_job
         case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::mxfp4: return launch_mxfp4(s, jobs, n_jobs, blocks, shared, plan.mxfp4_ring);
+        case ggml_type::mxfp4:
+            return plan.tiles ? launch_mxfp4_tiles(s, jobs, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs)
+                              : launch_mxfp4(s, jobs, n_jobs, blocks, shared, plan.mxfp4_ring);
         default: return cudaErrorInvalidValue;
     }
 }

@@ -45,6 +45,7 @@
 
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
+#include "model/mxfp4_tiles.h"
 
 namespace moestream::cuda::kernels::mma {
 
@@ -144,6 +145,23 @@ __device__ __forceinline__ void decode_word(uint32_t q, uint32_t (&d)[4]) {
     d[3] = H & 0xFF00FF00u;              // nibbles 3, 7: elements 4t+17, 4t+19
 }
 
+// One 32-block of a warp's 16-row tile: rows A's and B's fragments (dA, dB: d0..d3 as
+// decode_word gives them) times the block's x fragments, two mmas into a zeroed accumulator,
+// then added to the rows' accumulators times the block scales (sA, sB), in block order.
+__device__ __forceinline__ void block_products(const uint32_t (&dA)[4], const uint32_t (&dB)[4], float sA, float sB,
+                                               const uint4 xv, float (&acc)[4]) {
+    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const uint32_t a0[4] = {dA[0], dB[0], dA[1], dB[1]};
+    const uint32_t a1[4] = {dA[2], dB[2], dA[3], dB[3]};
+    float d[4];
+    mma_16816(d, a0, xv.x, xv.y, zero);
+    mma_16816(d, a1, xv.z, xv.w, d);
+    acc[0] = __fmaf_rn(sA, d[0], acc[0]);
+    acc[1] = __fmaf_rn(sA, d[1], acc[1]);
+    acc[2] = __fmaf_rn(sB, d[2], acc[2]);
+    acc[3] = __fmaf_rn(sB, d[3], acc[3]);
+}
+
 __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
     return uint32_t(__half_as_ushort(lo)) | (uint32_t(__half_as_ushort(hi)) << 16);
 }
@@ -155,16 +173,20 @@ __device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(
 __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, uint4* xs, int* sexp,
                                         float (*red)[kMmaGroupRows]) {
     const int tid = int(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
-    float m[kMmaGroupRows];
+    // Read-only loads (x is not written in this kernel), unrolled, so that a thread's loads are in
+    // flight together: at 4 rows of 5120 columns the loads one after the other cost ~3 us.
+    const float* __restrict__ xrow[kMmaGroupRows];
 #pragma unroll
-    for (int r = 0; r < kMmaGroupRows; ++r) {
-        m[r] = 0.0f;
-        if (r < nr) {
-            const float* xr = jb.x + (r0 + r) * jb.x_stride;
-            for (int64_t e = tid; e < jb.cols; e += kMmaThreads) m[r] = fmaxf(m[r], fabsf(xr[e]));
-        }
-        m[r] = warp_max(m[r]);
-    }
+    for (int r = 0; r < kMmaGroupRows; ++r) xrow[r] = jb.x + (r0 + (r < nr ? r : 0)) * jb.x_stride;
+    float m[kMmaGroupRows] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int cols = int(jb.cols);
+#pragma unroll 4
+    for (int e = tid; e < cols; e += kMmaThreads)
+#pragma unroll
+        for (int r = 0; r < kMmaGroupRows; ++r)
+            if (r < nr) m[r] = fmaxf(m[r], fabsf(__ldg(xrow[r] + e)));
+#pragma unroll
+    for (int r = 0; r < kMmaGroupRows; ++r) m[r] = warp_max(m[r]);
     if (lane == 0)
 #pragma unroll
         for (int r = 0; r < kMmaGroupRows; ++r) red[warp][r] = m[r];
@@ -176,32 +198,45 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
         sexp[tid] = (mx > 0.0f && mx <= 3.402823466e38f) ? 14 - ilogbf(mx) : 0;
     }
     __syncthreads();
-    const int64_t blocks = jb.cols / 32;
-    const int64_t items = blocks * nr * 4;
-    for (int64_t i = tid; i < items; i += kMmaThreads) {
-        const int t = int(i & 3);
-        const int64_t br = i >> 2;
-        const int r = int(br % nr);
-        const int64_t b = br / nr;
-        const int s = sexp[r];
-        const int s1 = s / 2, s2 = s - s1;  // |s1|, |s2| <= 82: two exact steps
-        const float f1 = pow2f(s1), f2 = pow2f(s2);
-        const float* xb = jb.x + (r0 + r) * jb.x_stride + b * 32 + 4 * t;
-        __half hi[8], lo[8];
+    const int blocks = int(jb.cols / 32);
+    const int items = blocks * nr * 4;
+    // An item: x row r's elements 4t..4t+3 and 16+4t..16+4t+3 of block b, as its hi and lo
+    // halves; kItemsAhead items' values loaded before the first is converted.
+    constexpr int kItemsAhead = 4;
+    for (int i0 = tid; i0 < items; i0 += kItemsAhead * kMmaThreads) {
+        float v[kItemsAhead][8];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float v = __fmul_rn(__fmul_rn(xb[(k & 3) + 16 * (k >> 2)], f1), f2);
-            hi[k] = __float2half_rn(v);
-            lo[k] = __float2half_rn(__fsub_rn(v, __half2float(hi[k])));
+        for (int a = 0; a < kItemsAhead; ++a) {
+            const int i = i0 + a * kMmaThreads < items ? i0 + a * kMmaThreads : i0;
+            const int t = i & 3, br = i >> 2, r = br % nr, b = br / nr;
+            const float* p = jb.x + (r0 + r) * jb.x_stride + b * 32 + 4 * t;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) v[a][k] = __ldg(p + (k & 3) + 16 * (k >> 2));
         }
-        // k: 0..3 = x[4t..4t+3], 4..7 = x[16+4t..16+4t+3].
-        const uint4 h{pack_half2(hi[0], hi[2]), pack_half2(hi[4], hi[6]), pack_half2(hi[1], hi[3]),
-                      pack_half2(hi[5], hi[7])};
-        const uint4 l{pack_half2(lo[0], lo[2]), pack_half2(lo[4], lo[6]), pack_half2(lo[1], lo[3]),
-                      pack_half2(lo[5], lo[7])};
-        uint4* dst = xs + ((b * nr + r) * 2) * 4 + t;
-        dst[0] = h;
-        dst[4] = l;
+#pragma unroll
+        for (int a = 0; a < kItemsAhead; ++a) {
+            const int i = i0 + a * kMmaThreads;
+            if (i >= items) break;
+            const int t = i & 3, br = i >> 2, r = br % nr, b = br / nr;
+            const int s = sexp[r];
+            const int s1 = s / 2, s2 = s - s1;  // |s1|, |s2| <= 82: two exact steps
+            const float f1 = pow2f(s1), f2 = pow2f(s2);
+            __half hi[8], lo[8];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float x = __fmul_rn(__fmul_rn(v[a][k], f1), f2);
+                hi[k] = __float2half_rn(x);
+                lo[k] = __float2half_rn(__fsub_rn(x, __half2float(hi[k])));
+            }
+            // k: 0..3 = x[4t..4t+3], 4..7 = x[16+4t..16+4t+3].
+            const uint4 h{pack_half2(hi[0], hi[2]), pack_half2(hi[4], hi[6]), pack_half2(hi[1], hi[3]),
+                          pack_half2(hi[5], hi[7])};
+            const uint4 l{pack_half2(lo[0], lo[2]), pack_half2(lo[4], lo[6]), pack_half2(lo[1], lo[3]),
+                          pack_half2(lo[5], lo[7])};
+            uint4* dst = xs + ((int64_t(b) * nr + r) * 2) * 4 + t;
+            dst[0] = h;
+            dst[4] = l;
+        }
     }
     __syncthreads();
 }
@@ -260,7 +295,6 @@ __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t*
     const uint4* xl = xs + (xr * 2 + part) * 4 + t;
     constexpr int xstride = nr * 8;  // uint4 per block
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int slot = 0;  // the ring slot of stage s
     for (int s = 0; s < stages; ++s) {
         {
@@ -305,24 +339,125 @@ __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t*
                 }
                 const float sA = __uint_as_float(uint32_t(bA[17 * j]) << 23);
                 const float sB = __uint_as_float(uint32_t(bB[17 * j]) << 23);
-                const uint4 xv = xb[j * xstride];
                 uint32_t dAw[4], dBw[4];
                 decode_word(wA, dAw);
                 decode_word(wB, dBw);
-                const uint32_t a0[4] = {dAw[0], dBw[0], dAw[1], dBw[1]};
-                const uint32_t a1[4] = {dAw[2], dBw[2], dAw[3], dBw[3]};
-                float d[4];
-                mma_16816(d, a0, xv.x, xv.y, zero);
-                mma_16816(d, a1, xv.z, xv.w, d);
-                acc[0] = __fmaf_rn(sA, d[0], acc[0]);
-                acc[1] = __fmaf_rn(sA, d[1], acc[1]);
-                acc[2] = __fmaf_rn(sB, d[2], acc[2]);
-                acc[3] = __fmaf_rn(sB, d[3], acc[3]);
+                block_products(dAw, dBw, sA, sB, xb[j * xstride], acc);
             }
         }
         __syncwarp();
     }
     cp_async_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float lo = __shfl_xor_sync(kFullMask, acc[i], 2);
+        out[i] = __fadd_rn(acc[i], lo);
+    }
+}
+
+// ---- tiled weights (model/mxfp4_tiles.h) ----
+// The same products as compute_tile, from tiled strips: lane (g, t) loads its 16 bytes of a
+// unit of rows A (g) and B (g + 8) straight into registers (a unit: 4 blocks), TPD units ahead
+// of the one it computes, and decodes them with fragments_of_tiled. The fragments, the two mmas
+// per block into a zeroed accumulator and the scaled adds in block order are compute_tile's, so
+// a row's bits are the rows kernel's.
+inline constexpr int kTileAhead = 2;  // units in flight per lane (3 and 4 measured no faster)
+
+struct tile_unit_regs {
+    uint4 a, b;        // tiled words of the unit's 4 blocks, rows A and B
+    uint32_t sa, sb;   // their 4 scales
+};
+
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint32_t load_stream4(const void* p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// Unit u of the strips at A and B (unit u's bytes at u * kUnitBytes).
+__device__ __forceinline__ void load_tile_unit(tile_unit_regs& r, const uint8_t* A, const uint8_t* B, int64_t u,
+                                               int lane) {
+    const int64_t at = u * mxfp4_tiles::kUnitBytes;
+    r.a = load_stream16(A + at + lane * 16);
+    r.b = load_stream16(B + at + lane * 16);
+    r.sa = load_stream4(A + at + mxfp4_tiles::kUnitWeightBytes + (lane >> 2) * 4);
+    r.sb = load_stream4(B + at + mxfp4_tiles::kUnitWeightBytes + (lane >> 2) * 4);
+}
+
+// The first kTileAhead units of a warp's tile (weights only: may run before the kernel's
+// predecessor has finished).
+__device__ __forceinline__ void prefetch_tiles(tile_unit_regs (&buf)[kTileAhead], const uint8_t* A, const uint8_t* B,
+                                               int64_t units, int lane) {
+#pragma unroll
+    for (int i = 0; i < kTileAhead; ++i) load_tile_unit(buf[i], A, B, i < units ? i : units - 1, lane);
+}
+
+// Units kTileAhead .. kTileL2Units - 1 of a warp's tile asked of L2 (no registers held): with the
+// registers' units, the first ~8 KB of a warp's weights are on their way while the block stages
+// x (measured: +2-5% on flash's experts; 16 units ahead was slower).
+inline constexpr int kTileL2Units = 8;
+__device__ __forceinline__ void prefetch_tiles_l2(const uint8_t* A, const uint8_t* B, int64_t units, int lane) {
+    for (int64_t u = kTileAhead; u < kTileL2Units && u < units; ++u) {
+        const int64_t at = u * mxfp4_tiles::kUnitBytes;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(A + at + lane * 16));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(B + at + lane * 16));
+        if (lane == 0) {
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(A + at + mxfp4_tiles::kUnitWeightBytes));
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(B + at + mxfp4_tiles::kUnitWeightBytes));
+        }
+    }
+}
+
+__device__ __forceinline__ float block_scale(uint32_t s4, int jj) {
+    return __uint_as_float(((s4 >> (8 * jj)) & 0xFFu) << 23);
+}
+
+__device__ __forceinline__ void tile_block(uint32_t wA, uint32_t wB, float sA, float sB, const uint4 xv,
+                                           float (&acc)[4]) {
+    const auto fA = mxfp4_tiles::fragments_of_tiled(wA), fB = mxfp4_tiles::fragments_of_tiled(wB);
+    block_products(fA.d, fB.d, sA, sB, xv, acc);
+}
+
+template <int NR>
+__device__ __forceinline__ void tile_unit_products(const tile_unit_regs& c, const uint4* xb, float (&acc)[4]) {
+    constexpr int xstride = NR * 8;  // uint4 per block
+    tile_block(c.a.x, c.b.x, block_scale(c.sa, 0), block_scale(c.sb, 0), xb[0], acc);
+    tile_block(c.a.y, c.b.y, block_scale(c.sa, 1), block_scale(c.sb, 1), xb[xstride], acc);
+    tile_block(c.a.z, c.b.z, block_scale(c.sa, 2), block_scale(c.sb, 2), xb[2 * xstride], acc);
+    tile_block(c.a.w, c.b.w, block_scale(c.sa, 3), block_scale(c.sb, 3), xb[3 * xstride], acc);
+}
+
+// One warp's tile over the whole row from tiled strips A and B (after prefetch_tiles into buf).
+// Returns what compute_tile returns.
+template <int NR>
+__device__ __forceinline__ void compute_tiles(tile_unit_regs (&buf)[kTileAhead], const uint8_t* A, const uint8_t* B,
+                                              int64_t units, const uint4* xs, int lane, float (&out)[4]) {
+    constexpr int nr = NR;
+    const int g = lane >> 2, t = lane & 3;
+    const int col = g, xr = (col & 3) < nr ? (col & 3) : nr - 1, part = col >> 2;
+    const uint4* xl = xs + (xr * 2 + part) * 4 + t;
+    constexpr int64_t xunit = int64_t(nr) * 8 * mxfp4_tiles::kUnitBlocks;  // uint4 per unit
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int64_t u = 0;
+    for (; u + kTileAhead <= units; u += kTileAhead) {
+#pragma unroll
+        for (int i = 0; i < kTileAhead; ++i) {
+            const tile_unit_regs c = buf[i];
+            const int64_t next = u + i + kTileAhead < units ? u + i + kTileAhead : units - 1;
+            load_tile_unit(buf[i], A, B, next, lane);
+            tile_unit_products<nr>(c, xl + (u + i) * xunit, acc);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kTileAhead; ++i)
+        if (u + i < units) tile_unit_products<nr>(buf[i], xl + (u + i) * xunit, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float lo = __shfl_xor_sync(kFullMask, acc[i], 2);

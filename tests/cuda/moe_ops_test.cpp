@@ -76,6 +76,29 @@ void random_picks(int64_t n, int k, int64_t experts, uint32_t seed, std::vector<
     weights = float_values(picks.size(), seed + 1, 0.3f);
 }
 
+// One routed MoE of n rows through table t on backend be: the picks ordered, gate/up (with or
+// without SwiGLU), the downs; the device arrays (for further ops) and their contents.
+struct moe_run {
+    backend_array<int32_t> sp;
+    backend_array<float> sw, gs, us, ys;
+    std::vector<float> g, u, y;
+};
+moe_run run_slot_moe(backend& be, const expert_slot_table& t, const std::vector<int32_t>& picks,
+                     const std::vector<float>& w, const std::vector<float>& x, int64_t n, int k, int64_t dim,
+                     int64_t inter, bool swiglu) {
+    auto p = put(be, picks);
+    auto wt = put(be, w);
+    auto xs = put(be, x);
+    moe_run m{backend_array<int32_t>(be, picks.size()),   backend_array<float>(be, picks.size()),
+              backend_array<float>(be, size_t(n * k * inter)), backend_array<float>(be, size_t(n * k * inter)),
+              backend_array<float>(be, size_t(n * k * dim)),   {}, {}, {}};
+    be.order_picks(p.data(), wt.data(), n, k, m.sp.data(), m.sw.data());
+    be.moe_gate_up(t, xs.data(), n, k, m.sp.data(), m.sw.data(), m.gs.data(), m.us.data(), swiglu, 7.0f);
+    be.moe_down(t, m.gs.data(), n, k, m.sp.data(), m.ys.data());
+    m.g = get(be, m.gs), m.u = get(be, m.us), m.y = get(be, m.ys);
+    return m;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(cuda_moe_ops)
@@ -120,18 +143,11 @@ BOOST_AUTO_TEST_CASE(gate_up_and_down_through_the_slot_table) {
                 for (int b = 0; b < 2; ++b) {
                     backend& be = b ? gpu() : cpu();
                     const expert_slot_table& t = b ? m.on_gpu : m.on_cpu;
-                    auto p = put(be, picks);
-                    auto wt = put(be, w);
-                    auto xs = put(be, x);
-                    backend_array<int32_t> sp(be, picks.size());
-                    backend_array<float> sw(be, picks.size()), gs(be, size_t(n * k * inter)),
-                        us(be, size_t(n * k * inter)), ys(be, size_t(n * k * dim));
-                    be.order_picks(p.data(), wt.data(), n, k, sp.data(), sw.data());
-                    be.moe_gate_up(t, xs.data(), n, k, sp.data(), sw.data(), gs.data(), us.data(), swiglu, 7.0f);
-                    be.moe_down(t, gs.data(), n, k, sp.data(), ys.data());
-                    g[b] = get(be, gs), u[b] = get(be, us), y[b] = get(be, ys);
+                    moe_run run = run_slot_moe(be, t, picks, w, x, n, k, dim, inter, swiglu);
+                    g[b] = run.g, u[b] = run.u, y[b] = run.y;
+                    const auto& gs = run.gs;
                     if (b) {
-                        sorted = get(be, sp);
+                        sorted = get(be, run.sp);
                         // Assignment a's down projection is the GPU's own matmul of that expert's
                         // slot and row, bit for bit.
                         const int64_t a = n * k - 1;
@@ -155,6 +171,39 @@ BOOST_AUTO_TEST_CASE(gate_up_and_down_through_the_slot_table) {
                 // bf16 rounding may differ in a last bit, so y is held to the same bound.
                 BOOST_TEST(rel_error(y[1], y[0]) <= 1e-2, what << ": y rel error " << rel_error(y[1], y[0]));
             }
+        }
+    }
+}
+
+// The same ops over MXFP4 experts tiled in their slots (as the device tier holds them): the
+// bits of the untiled slots, every assignment.
+BOOST_AUTO_TEST_CASE(tiled_slots_give_the_untiled_bits) {
+    const int64_t experts = 12, dim = 256, inter = 128;
+    auto m = make_slots(ggml_type::mxfp4, experts, dim, inter, 41);
+    backend_array<std::byte> tiled_mem(gpu(), m.gpu_mem.size());
+    gpu().copy(tiled_mem.data(), m.gpu_mem.data(), m.gpu_mem.bytes());
+    expert_slot_table tiled = m.on_gpu;
+    tiled.base = tiled_mem.data();
+    std::vector<weight_view> parts;
+    for (int64_t s = 0; s < m.slots; ++s)
+        for (const slot_matrix* p : {&tiled.gate, &tiled.up, &tiled.down}) parts.push_back(p->in(tiled.base, tiled.slot_bytes, s));
+    gpu().tile_mxfp4(parts);
+    for (slot_matrix* p : {&tiled.gate, &tiled.up, &tiled.down}) p->layout = weight_layout::mxfp4_tiles;
+    uint32_t seed = 1300;
+    for (auto [n, k] : {std::pair<int64_t, int>{1, 6}, {3, 4}, {8, 2}}) {
+        std::vector<int32_t> picks;
+        std::vector<float> w;
+        random_picks(n, k, experts, ++seed, picks, w);
+        const auto x = bf16_values(size_t(n * dim), ++seed);
+        for (bool swiglu : {true, false}) {
+            std::vector<float> g[2], u[2], y[2];
+            for (int b = 0; b < 2; ++b) {
+                const moe_run run = run_slot_moe(gpu(), b ? tiled : m.on_gpu, picks, w, x, n, k, dim, inter, swiglu);
+                g[b] = run.g, u[b] = run.u, y[b] = run.y;
+            }
+            REQUIRE_BITS_EQUAL(g[1], g[0]);
+            if (!swiglu) REQUIRE_BITS_EQUAL(u[1], u[0]);
+            REQUIRE_BITS_EQUAL(y[1], y[0]);
         }
     }
 }

@@ -4,12 +4,16 @@
 // are held to relative bounds. The matmuls are also checked to give a row the same bits
 // whatever the batch around it.
 #include <algorithm>
+#include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <cstring>
 #include <numeric>
+#include <span>
 #include <tuple>
 
 #include "gpu_support.h"
 #include "model/attention_keys.h"
+#include "model/mxfp4_tiles.h"
 #include "model/quant.h"
 
 namespace moestream::test {
@@ -30,6 +34,18 @@ weights_pair make_weights(ggml_type type, int64_t rows, int64_t cols, uint32_t s
     w.on_cpu = weight_view::contiguous(w.host.data(), type, cols, rows);
     w.on_gpu = weight_view::contiguous(w.dev.data(), type, cols, rows);
     return w;
+}
+
+// n rows of cols x values, stride apart: bf16 values and fp32 values in turn, scaled by 1, 2^20
+// and 2^-20 in turn (the tensor-core paths scale each row by a power of two of its own).
+std::vector<float> mixed_magnitude_rows(int64_t n, int64_t cols, int64_t stride, uint32_t& seed) {
+    std::vector<float> x(size_t(n * stride));
+    for (int64_t r = 0; r < n; ++r) {
+        const auto v = (r % 2) ? float_values(size_t(cols), ++seed) : bf16_values(size_t(cols), ++seed);
+        const float scale = r % 3 == 1 ? std::ldexp(1.0f, 20) : r % 3 == 2 ? std::ldexp(1.0f, -20) : 1.0f;
+        for (int64_t c = 0; c < cols; ++c) x[size_t(r * stride + c)] = v[size_t(c)] * scale;
+    }
+    return x;
 }
 
 const ggml_type kTypes[] = {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4};
@@ -125,12 +141,7 @@ BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch)
         const auto plain = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
         for (int64_t n : {1, 2, 4, 5, 8, 9, 33}) {
             const int64_t stride = cols + 16;
-            std::vector<float> x(size_t(n * stride));
-            for (int64_t r = 0; r < n; ++r) {
-                const auto v = (r % 2) ? float_values(size_t(cols), ++seed) : bf16_values(size_t(cols), ++seed);
-                const float scale = r % 3 == 1 ? std::ldexp(1.0f, 20) : r % 3 == 2 ? std::ldexp(1.0f, -20) : 1.0f;
-                for (int64_t c = 0; c < cols; ++c) x[size_t(r * stride + c)] = v[size_t(c)] * scale;
-            }
+            const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
             const auto rw = float_values(size_t(n), ++seed);
             struct out {
                 std::vector<float> g, u, p;
@@ -173,6 +184,98 @@ BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch)
             }
         }
     }
+}
+
+// The tile layout (model/mxfp4_tiles.h): the tiler's bytes are the host reference's, and the
+// tiled kernel gives the rows kernel's bits (the same fragments, products and order) for a
+// SwiGLU pair and a plain job, rows a multiple of 8 but not of 16 (a plain tile's second strip
+// missing), x rows of very different magnitudes and batches over one and two groups; a batch
+// with tiled and untiled jobs gives each its own kernel's bits.
+BOOST_AUTO_TEST_CASE(tiled_mxfp4_gives_the_rows_kernels_bits) {
+    struct shape {
+        int64_t rows, cols;
+    };
+    uint32_t seed = 900;
+    for (auto [rows, cols] : {shape{200, 5120}, shape{296, 4096}, shape{152, 2304}, shape{72, 1152}, shape{8, 128},
+                              shape{24, 896}}) {
+        const weights_pair gate = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        const weights_pair up = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        const weights_pair plain = make_weights(ggml_type::mxfp4, rows, cols, ++seed);
+        const size_t bytes = size_t(rows) * gate.on_gpu.row_stride;
+        // A tiled copy of each on the GPU, checked byte for byte against the host's tiling.
+        std::vector<backend_array<uint8_t>> copies;
+        auto tiled = [&](const weights_pair& w) {
+            copies.emplace_back(gpu(), bytes);
+            gpu().copy(copies.back().data(), w.dev.data(), bytes);
+            weight_view v = weight_view::contiguous(copies.back().data(), ggml_type::mxfp4, cols, rows);
+            gpu().tile_mxfp4(std::span<const weight_view>(&v, 1));
+            std::vector<uint8_t> want(bytes);
+            mxfp4_tiles::tile_matrix(w.host.data(), want.data(), rows, cols);
+            BOOST_TEST((get(gpu(), copies.back()) == want), rows << "x" << cols << ": the tiler's bytes");
+            v.layout = weight_layout::mxfp4_tiles;
+            return v;
+        };
+        const weight_view tg = tiled(gate), tu = tiled(up), tp = tiled(plain);
+        for (int64_t n : {1, 2, 3, 4, 5, 8, 9}) {
+            const int64_t stride = cols + 16;
+            const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
+            const auto rw = float_values(size_t(n), ++seed);
+            auto xa = put(gpu(), x), wa = put(gpu(), rw);
+            struct out {
+                std::vector<float> g, u, p;
+            };
+            auto run = [&](const weight_view& wg, const weight_view& wu, const weight_view& wp) {
+                backend_array<float> g(gpu(), size_t(n * rows)), u(gpu(), size_t(n * rows)), pl(gpu(), size_t(n * rows));
+                matmul_job pair{wg, xa.data(), stride, n, g.data(), rows, true};
+                pair.up = wu;
+                pair.u = u.data();
+                pair.u_stride = rows;
+                pair.swiglu_limit = 7.0f;
+                pair.swiglu_w = wa.data();
+                const matmul_job job{wp, xa.data(), stride, n, pl.data(), rows, false};
+                const std::vector<matmul_job> jobs{pair, job};
+                gpu().matmul_batch(jobs);
+                return out{get(gpu(), g), get(gpu(), u), get(gpu(), pl)};
+            };
+            const out want = run(gate.on_gpu, up.on_gpu, plain.on_gpu);
+            const out got = run(tg, tu, tp);
+            REQUIRE_BITS_EQUAL(got.g, want.g);
+            REQUIRE_BITS_EQUAL(got.u, want.u);
+            REQUIRE_BITS_EQUAL(got.p, want.p);
+            const out mixed = run(tg, tu, plain.on_gpu);
+            REQUIRE_BITS_EQUAL(mixed.g, want.g);
+            REQUIRE_BITS_EQUAL(mixed.p, want.p);
+        }
+    }
+}
+
+// A copy stream's fill tiles the matrices it is given after its copies: what the compute stream
+// reads after the fill is the tiled form of the host's bytes.
+BOOST_AUTO_TEST_CASE(a_fill_tiles_its_mxfp4_matrices_before_its_event) {
+    const int64_t rows = 64, cols = 2304;
+    const weights_pair w = make_weights(ggml_type::mxfp4, rows, cols, 77);
+    const size_t bytes = size_t(rows) * w.on_cpu.row_stride;
+    std::vector<uint8_t> host(bytes);
+    std::memcpy(host.data(), w.host.data(), bytes);
+    backend_array<uint8_t> dst(gpu(), 2 * bytes);
+    std::atomic<int> copied{-1};
+    copy_stream_options o;
+    o.events = 2;
+    o.lanes = 1;
+    o.copied = [&](int e) { copied.store(e); };
+    auto cs = gpu().make_copy_stream(std::move(o));
+    BOOST_TEST_REQUIRE(cs.ok());
+    // Two pieces: the matrix tiled, and the same bytes again left in rows.
+    const copy_piece pieces[2] = {{dst.data(), host.data(), bytes}, {dst.data() + bytes, host.data(), bytes}};
+    const weight_view tile = weight_view::contiguous(dst.data(), ggml_type::mxfp4, cols, rows);
+    (*cs)->fill(1, {}, pieces, std::span<const weight_view>(&tile, 1));
+    const auto back = get(gpu(), dst);
+    std::vector<uint8_t> want(bytes);
+    mxfp4_tiles::tile_matrix(host.data(), want.data(), rows, cols);
+    BOOST_TEST(std::equal(want.begin(), want.end(), back.begin()));
+    BOOST_TEST(std::equal(host.begin(), host.end(), back.begin() + std::ptrdiff_t(bytes)));
+    (*cs).reset();  // waits for the notification
+    BOOST_TEST(copied.load() == 1);
 }
 
 BOOST_AUTO_TEST_CASE(rms_norm_gives_the_cpu_bits) {
