@@ -10,6 +10,10 @@
 #include "model/cuda/step_recorder.h"
 #include "model/numeric.h"
 
+namespace moestream::cuda {
+bool programmatic_edges();  // step_graph.h
+}
+
 namespace moestream::cuda::kernels {
 
 inline constexpr int kWarp = 32;
@@ -174,6 +178,22 @@ cudaError_t launch_kernel(cudaStream_t s, void (*k)(P...), dim3 grid, dim3 block
         r->kernel(reinterpret_cast<const void*>(k), grid, block, shared);
         (r->arg(P(args)), ...);
         return cudaSuccess;
+    }
+    // A stream launch may begin while the kernel before it ends, as a graph's programmatic edge
+    // lets it (every kernel waits for its predecessor first: grid_dependency_prologue): its launch
+    // and its blocks' set-up overlap the predecessor's tail.
+    if (programmatic_edges()) {
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = shared;
+        cfg.stream = s;
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+        return cudaLaunchKernelEx(&cfg, k, P(args)...);
     }
     k<<<grid, block, shared, s>>>(args...);
     return cudaGetLastError();

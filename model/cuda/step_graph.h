@@ -17,8 +17,8 @@ namespace moestream::cuda {
 
 // Whether consecutive kernel nodes are joined by programmatic edges (programmatic dependent
 // launch: the next kernel is scheduled while the one before finishes; every kernel waits for its
-// predecessor first thing). On unless MOESTREAM_PDL=0 (to measure the difference); values never
-// depend on it.
+// predecessor first thing), and stream launches carry the same permission (launch_kernel). On
+// unless MOESTREAM_PDL=0 (to measure the difference); values never depend on it.
 bool programmatic_edges();
 
 class step_graph {
