@@ -158,19 +158,27 @@ __device__ __forceinline__ void warp_best(float& best, int32_t& best_i) {
 __global__ void k_route(const float* __restrict__ scores, const float* __restrict__ bias, int64_t n, int n_experts, int k,
                         double route_scale, bool select, int32_t* picks, float* weights, int32_t* sorted_picks,
                         float* sorted_weights) {
+    const int lane = int(threadIdx.x) % kWarp;
+    // The bias (a weight: no kernel writes it) asked of L2 while the predecessor runs.
+    if (select && blockIdx.x == 0 && threadIdx.x < kWarp)
+        for (int i = lane * 32; i < n_experts; i += 32 * kWarp) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(bias + i));
     grid_dependency_prologue();
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-    const int lane = int(threadIdx.x) % kWarp;
     if (r >= n) return;
     const float* s = scores + r * n_experts;
     int32_t* p = picks + r * k;
     int32_t chosen[16];
+    // The chosen experts' scores, when the rounds below hold them in registers (every lane has
+    // them: the weights then need no load).
+    float chosen_s[16];
+    bool have_s = false;
     if (select && n_experts <= kWarp * kRouteRegs) {
-        float v[kRouteRegs];
+        float v[kRouteRegs], sv[kRouteRegs];
 #pragma unroll
         for (int m = 0; m < kRouteRegs; ++m) {
             const int i = lane + kWarp * m;
-            v[m] = i < n_experts ? __fadd_rn(s[i], bias[i]) : 0.0f;
+            sv[m] = i < n_experts ? s[i] : 0.0f;
+            v[m] = i < n_experts ? __fadd_rn(sv[m], bias[i]) : 0.0f;
         }
         uint32_t taken = 0;  // bit m: expert lane + 32 m was picked in an earlier round
         for (int j = 0; j < k; ++j) {
@@ -185,7 +193,13 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
             warp_best(best, best_i);
             if (best_i >= 0 && best_i % kWarp == lane) taken |= 1u << (best_i / kWarp);
             chosen[j] = best_i;
+            float mine = 0.0f;
+#pragma unroll
+            for (int m = 0; m < kRouteRegs; ++m)
+                if (best_i >= 0 && m == best_i / kWarp) mine = sv[m];
+            chosen_s[j] = __shfl_sync(kFullMask, mine, best_i >= 0 ? best_i % kWarp : 0);
         }
+        have_s = true;
     } else if (select) {
         for (int j = 0; j < k; ++j) {
             float best = 0.0f;
@@ -207,11 +221,13 @@ __global__ void k_route(const float* __restrict__ scores, const float* __restric
     if (!weights || lane != 0) return;
     if (!select)
         for (int j = 0; j < k; ++j) chosen[j] = p[j];
+    if (!have_s)
+        for (int j = 0; j < k; ++j) chosen_s[j] = s[chosen[j]];
     float sum = 0.0f;
-    for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, s[chosen[j]]);
+    for (int j = 0; j < k; ++j) sum = __fadd_rn(sum, chosen_s[j]);
     float w[16];
     for (int j = 0; j < k; ++j) {
-        w[j] = __double2float_rn(__dmul_rn(double(__fdiv_rn(s[chosen[j]], __fadd_rn(sum, 1e-20f))), route_scale));
+        w[j] = __double2float_rn(__dmul_rn(double(__fdiv_rn(chosen_s[j], __fadd_rn(sum, 1e-20f))), route_scale));
         weights[r * k + j] = w[j];
     }
     if (sorted_picks) store_in_id_order(chosen, w, k, n, r, sorted_picks, sorted_weights);
