@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first four;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -27,6 +27,17 @@ if [[ -f $G/tokenizer.json.gz ]]; then
   gunzip -c "$G/tokenizer.json.gz" > /tmp/moestream-deps/tokenizer-deepseek_v3/models/tokenizer.json
   export MOESTREAM_DEPS_DIR=/tmp/moestream-deps
 fi
+# Correlation and largest difference of two float32 files of logits.
+compare_logits() {
+  python3 -c "
+import array,sys
+g=array.array('f'); g.frombytes(open('$1','rb').read())
+c=array.array('f'); c.frombytes(open('$2','rb').read())
+n=len(g); mg=sum(g)/n; mc=sum(c)/n
+cov=sum((a-mg)*(b-mc) for a,b in zip(g,c)); vg=sum((a-mg)**2 for a in g); vc=sum((b-mc)**2 for b in c)
+print('$3: %d values, correlation %.6f, max |diff| %.4g' % (n, cov/(vg*vc)**0.5, max(abs(a-b) for a,b in zip(g,c))))
+"
+}
 if [[ $what == *cli* ]]; then
   # Start-up errors: one clear line, exit 1.
   if [[ -n ${MOESTREAM_DEPS_DIR:-} ]]; then
@@ -34,14 +45,7 @@ if [[ $what == *cli* ]]; then
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --decode 4,5 --backend cuda --out /tmp/g.f32 > "$OUT/cli.log" 2>&1
     echo "logits --backend cuda exit $?" >> "$OUT/cli.log"
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --decode 4,5 --backend cpu --out /tmp/c.f32 >> "$OUT/cli.log" 2>&1
-    python3 -c "
-import array,sys
-g=array.array('f'); g.frombytes(open('/tmp/g.f32','rb').read())
-c=array.array('f'); c.frombytes(open('/tmp/c.f32','rb').read())
-n=len(g); mg=sum(g)/n; mc=sum(c)/n
-cov=sum((a-mg)*(b-mc) for a,b in zip(g,c)); vg=sum((a-mg)**2 for a in g); vc=sum((b-mc)**2 for b in c)
-print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, cov/(vg*vc)**0.5, max(abs(a-b) for a,b in zip(g,c))))
-" >> "$OUT/cli.log" 2>&1
+    compare_logits /tmp/g.f32 /tmp/c.f32 "cuda vs cpu logits" >> "$OUT/cli.log" 2>&1
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --backend cuda --device-cache 100000 --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
     echo "expert cache larger than the card: exit $?" >> "$OUT/cli.log"
     "$BIN" logits --model /tmp/tiny.gguf --tokens 1,2,3 --backend cuda --ctx-size 1048576 --out /tmp/x.f32 >> "$OUT/cli.log" 2>&1
@@ -54,6 +58,24 @@ print('cuda vs cpu logits: %d values, correlation %.6f, max |diff| %.4g' % (n, c
     echo "no visible GPU: exit $?" >> "$OUT/cli.log"
     summary+=("cli: $(grep -c . "$OUT/cli.log") lines in cli.log")
   fi
+fi
+if [[ $what == *tiles* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # MXFP4 experts tiled in the expert cache (the default) against the file's rows, end to end on a
+  # model whose experts tile (mini-lite): the same logits bit for bit; and against the CPU.
+  p=${TILES_PRESET:-mini-lite}
+  [[ -f /tmp/$p.gguf ]] || "$BIN" forge --preset $p --out /tmp/$p.gguf --seed 1 > /dev/null 2>&1
+  : > "$OUT/tiles.log"
+  for t in 1 0; do
+    MOESTREAM_MXFP4_TILES=$t "$BIN" logits --model /tmp/$p.gguf --tokens 1,2,3,4,5,6,7,8 --decode 9,10,11 --backend cuda \
+      --out /tmp/tiles$t.f32 >> "$OUT/tiles.log" 2>&1
+    echo "MOESTREAM_MXFP4_TILES=$t logits exit $?" >> "$OUT/tiles.log"
+  done
+  if cmp -s /tmp/tiles1.f32 /tmp/tiles0.f32; then echo "tiled and rows: logits bit-identical" >> "$OUT/tiles.log";
+  else echo "tiled and rows: logits DIFFER" >> "$OUT/tiles.log"; fi
+  "$BIN" logits --model /tmp/$p.gguf --tokens 1,2,3,4,5,6,7,8 --decode 9,10,11 --backend cpu --out /tmp/tilescpu.f32 \
+    >> "$OUT/tiles.log" 2>&1
+  compare_logits /tmp/tiles1.f32 /tmp/tilescpu.f32 "$p cuda (tiled) vs cpu logits" >> "$OUT/tiles.log" 2>&1
+  summary+=("tiles: $(grep -E 'bit-identical|DIFFER|correlation' "$OUT/tiles.log" | tr '\n' ' ')")
 fi
 if [[ $what == *kernels* ]]; then
   if [[ -n ${KERNEL_AB:-} ]]; then
@@ -160,15 +182,20 @@ if [[ $what == *spec* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   summary+=("bench spec $p exit $?: $(grep -E 'verdict|noise' "$OUT/bench_spec_$p.log" | tr '\n' ' ')")
 fi
 if [[ $what == *profile* && -n ${MOESTREAM_DEPS_DIR:-} ]] && command -v ncu > /dev/null; then
-  # Each kernel's device time (ncu, kernels one by one, so no launch gaps) in decode steps with
-  # stream launches (ncu did not profile graph nodes here).
+  # Each kernel's device time (ncu, kernels one by one, so no launch gaps) in single-token
+  # forwards (a one-token prompt, then PROFILE_STEPS decode steps) with stream launches (ncu did
+  # not profile graph nodes here), summed per kernel and step by scripts/ncu_summary.py.
   p=${PROFILE_PRESET:-mini-lite}
+  steps=${PROFILE_STEPS:-3}
   [[ -f /tmp/$p.gguf ]] || "$BIN" forge --preset $p --out /tmp/$p.gguf --seed 1 > /dev/null 2>&1
-  # (k_round_bf16 left out: the bench's launch probes are thousands of them.)
-  timeout ${PROFILE_TIMEOUT:-150} ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-    -k regex:'k_(matmul|attention|hc|route|sum_rows|rms_norm|rope|store|expand|order|indexer|engram|copy|gather|embed|argmax|stream_mean|pool|swiglu|add|scale|dequant|simulate)' \
-    -c ${PROFILE_KERNELS:-5200} "$BIN" bench decode --backend cuda --model /tmp/$p.gguf --device-cache 64 -n 3 \
-    --prompt-tokens 64 --graphs off > "$OUT/ncu_decode_$p.csv" 2> "$OUT/ncu_decode_$p.err"
+  # (k_round_bf16 left out: the bench's launch probes are thousands of them; the tiler runs at
+  # load only.)
+  timeout ${PROFILE_TIMEOUT:-200} ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    -k regex:'k_(matmul|attention|hc|route|sum_rows|rms_norm|norm_rows|rope|store|expand|order|indexer|engram|copy|gather|embed|argmax|stream_mean|pool|swiglu|add|scale|dequant|simulate)' \
+    "$BIN" bench decode --backend cuda --model /tmp/$p.gguf --device-cache 64 -n $steps \
+    --prompt-tokens 1 --graphs off --no-remap > "$OUT/ncu_decode_$p.csv" 2> "$OUT/ncu_decode_$p.err"
   summary+=("ncu decode $p exit $?: $(wc -l < "$OUT/ncu_decode_$p.csv") lines")
+  python3 scripts/ncu_summary.py "$OUT/ncu_decode_$p.csv" --per $((steps + 1)) > "$OUT/ncu_summary_$p.txt" 2>&1
+  summary+=("ncu per step: $(head -1 "$OUT/ncu_summary_$p.txt")")
 fi
 printf '%s\n' "${summary[@]}"
