@@ -28,6 +28,17 @@ namespace {
 
 // MOESTREAM_MXFP4_TILES=0 keeps MXFP4 experts in the file's rows (the rows kernel), for A/B runs
 // and the check that both layouts give the same bits.
+// MOESTREAM_INLINE_JOBS=1: a stream launch of at most kInlineJobs matmul jobs passes them in the
+// kernel's parameters instead of copying them to the device before it (one driver call an op
+// instead of two). Off until measured on the GPU; values never depend on it.
+bool inline_jobs_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("MOESTREAM_INLINE_JOBS");
+        return v && v[0] == '1';
+    }();
+    return on;
+}
+
 bool mxfp4_tiles_enabled() {
     static const bool on = [] {
         const char* v = std::getenv("MOESTREAM_MXFP4_TILES");
@@ -310,6 +321,12 @@ class cuda_backend final : public backend {
             if (mm_jobs_.empty()) continue;
             const kernels::matmul_plan plan = kernels::plan_matmul(type, mm_jobs_.data(), int(mm_jobs_.size()));
             MS_ASSERT_MSG(plan.blocks >= 0, "matmul: rows too long for the kernel's shared memory");
+            if (!capturing_ && inline_jobs_enabled() && mm_jobs_.size() <= size_t(kernels::kInlineJobs)) {
+                kernels::inline_jobs in_params;
+                std::copy(mm_jobs_.begin(), mm_jobs_.end(), in_params.j);
+                launch(kernels::matmul(stream_, type, nullptr, int(mm_jobs_.size()), plan, true, &in_params), "matmul");
+                continue;
+            }
             const auto* dev = stage_array(mm_jobs_);
             launch(kernels::matmul(stream_, type, dev, int(mm_jobs_.size()), plan, true), "matmul");
         }

@@ -74,14 +74,21 @@ struct matmul_plan {
     int64_t uniform_blocks = 0;
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
+// A launch's descriptors passed in the kernel's parameters instead of device memory (a stream
+// launch of at most kInlineJobs jobs: no copy has to go before it). Planned as for matmul().
+inline constexpr int kInlineJobs = 8;
+struct inline_jobs {
+    mm_job j[kInlineJobs];
+};
 // Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul. MXFP4
 // jobs whose cols are a multiple of 128 (up to 24,000) run on the tensor cores (matmul_mma.cuh:
 // 16 weight rows a warp, x split into fp16 hi + lo, 512-thread blocks, up to ~227 KiB of shared
 // memory); other MXFP4 shapes, in the same launch, on the CUDA-core path.
 // staged_jobs: the descriptors were staged by the host (not written by a kernel of the step), so
 // the CUDA-core kernel may read them, and prefetch its weights, before its predecessor ends.
+// `inline_from`: the jobs are these (jobs null); they then count as staged.
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, const matmul_plan& plan,
-                   bool staged_jobs);
+                   bool staged_jobs, const inline_jobs* inline_from = nullptr);
 
 // Tiles MXFP4 matrices in place (model/mxfp4_tiles.h): every matrix's rows a multiple of 8, its
 // cols tileable. The kernel lets no dependent kernel start before it has finished (a matmul may

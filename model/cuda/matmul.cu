@@ -254,6 +254,14 @@ __device__ __forceinline__ void matmul_row(const mm_job& jb, const float* xs, in
     }
 }
 
+// Where a launch's descriptors are: device memory (staged by the host or written by a kernel of
+// the step) or the kernel's parameters (inline_jobs, kernels.h). A kernel takes either as a
+// __grid_constant__ parameter, whose address may be taken: every descriptor read below goes
+// through a plain pointer either way.
+using device_jobs = const mm_job*;
+__device__ __forceinline__ const mm_job* jobs_in(device_jobs src) { return src; }
+__device__ __forceinline__ const mm_job* jobs_in(const inline_jobs& src) { return src.j; }
+
 // The job a block belongs to (binary search over first_block).
 __device__ __forceinline__ const mm_job& find_job(const mm_job* __restrict__ jobs, int n_jobs, int64_t blk) {
     int lo = 0, hi = n_jobs - 1;
@@ -314,8 +322,9 @@ __device__ __forceinline__ void prefetch_block_weights(const mm_job* __restrict_
     }
 }
 
-template <ggml_type T>
-__global__ void __launch_bounds__(kThreads, 2) k_matmul(const mm_job* __restrict__ jobs, int n_jobs, bool staged_jobs) {
+template <ggml_type T, class Src>
+__global__ void __launch_bounds__(kThreads, 2) k_matmul(const __grid_constant__ Src src, int n_jobs, bool staged_jobs) {
+    const mm_job* __restrict__ jobs = jobs_in(src);
     extern __shared__ float xs[];
     const int64_t blk = blockIdx.x;
     if (staged_jobs) prefetch_block_weights(jobs, n_jobs, blk);
@@ -423,9 +432,10 @@ __device__ __forceinline__ bool mma_tile(const mm_job& jb, int64_t tile, bool ac
 // not take) the CUDA-core one. kRing 8 or 16: every job is an mma job with that ring, so the
 // kernel holds one path and its registers are that path's alone (the kernel with both sat at
 // the 128-register cap and ran 3-12% behind a lab kernel of the same arithmetic).
-template <int kRing>
-__global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const mm_job* __restrict__ jobs, int n_jobs) {
+template <int kRing, class Src>
+__global__ void __launch_bounds__(mma::kMmaThreads, 1) k_matmul_mxfp4(const __grid_constant__ Src src, int n_jobs) {
     grid_dependency_prologue();
+    const mm_job* __restrict__ jobs = jobs_in(src);
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
     __shared__ int sexp[mma::kMmaGroupRows];
@@ -474,9 +484,11 @@ __device__ __forceinline__ void tiles_warp(const mm_job& jb, mma::tile_unit_regs
 // host-staged descriptors a warp's first units are loaded before the kernel waits for its
 // predecessor: weights never depend on it (the tiler, the one kernel that writes weights, lets
 // no dependent start before it ends: tiles.cu).
+template <class Src>
 __global__ void __launch_bounds__(mma::kMmaThreads, 1)
-    k_matmul_mxfp4_tiles(const mm_job* __restrict__ jobs, int n_jobs, int64_t uniform_blocks, bool staged_jobs) {
+    k_matmul_mxfp4_tiles(const __grid_constant__ Src src, int n_jobs, int64_t uniform_blocks, bool staged_jobs) {
     if (!staged_jobs) grid_dependency_prologue();
+    const mm_job* __restrict__ jobs = jobs_in(src);
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
     __shared__ int sexp[mma::kMmaGroupRows];
@@ -516,55 +528,67 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1)
     }
 }
 
-template <ggml_type T>
-cudaError_t launch_matmul(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared,
+// Raises kernel K's dynamic shared memory limit to `limit` once (per kernel: K is a template
+// argument), when a launch needs more than the default 48 KiB.
+template <auto K>
+cudaError_t opt_in_shared(size_t shared, size_t limit) {
+    static bool opted_in = false;
+    if (shared <= (48u << 10) || opted_in) return cudaSuccess;
+    const cudaError_t e = cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, int(limit));
+    if (e == cudaSuccess) opted_in = true;
+    return e;
+}
+
+template <ggml_type T, class Src>
+cudaError_t launch_matmul(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared,
                           bool staged_jobs) {
     if (shared > kMatmulSharedBytes) return cudaErrorInvalidValue;
-    // Opting in to more than 48 KiB of shared memory, once per kernel.
-    static bool opted_in = false;
-    if (shared > (48u << 10) && !opted_in) {
-        const cudaError_t e = cudaFuncSetAttribute(k_matmul<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   int(kMatmulSharedBytes));
-        if (e != cudaSuccess) return e;
-        opted_in = true;
-    }
-    return launch_kernel(s, k_matmul<T>, dim3(blocks), dim3(kThreads), shared, jobs, n_jobs, staged_jobs);
+    if (const cudaError_t e = opt_in_shared<k_matmul<T, Src>>(shared, kMatmulSharedBytes); e != cudaSuccess) return e;
+    return launch_kernel(s, k_matmul<T, Src>, dim3(blocks), dim3(kThreads), shared, src, n_jobs, staged_jobs);
 }
 
 constexpr size_t kMxfp4SharedMax = mma::kMmaSharedMax;
 
-template <int kRing>
-cudaError_t launch_mxfp4_kernel(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared) {
+template <int kRing, class Src>
+cudaError_t launch_mxfp4_kernel(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared) {
     if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
-    static bool opted_in = false;
-    if (shared > (48u << 10) && !opted_in) {
-        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4<kRing>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   int(kMxfp4SharedMax));
-        if (e != cudaSuccess) return e;
-        opted_in = true;
-    }
-    return launch_kernel(s, k_matmul_mxfp4<kRing>, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs);
+    if (const cudaError_t e = opt_in_shared<k_matmul_mxfp4<kRing, Src>>(shared, kMxfp4SharedMax); e != cudaSuccess)
+        return e;
+    return launch_kernel(s, k_matmul_mxfp4<kRing, Src>, dim3(blocks), dim3(mma::kMmaThreads), shared, src, n_jobs);
 }
 
-cudaError_t launch_mxfp4_tiles(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared,
+template <class Src>
+cudaError_t launch_mxfp4_tiles(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared,
                                int64_t uniform_blocks, bool staged_jobs) {
     if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
-    static bool opted_in = false;
-    if (shared > (48u << 10) && !opted_in) {
-        const cudaError_t e = cudaFuncSetAttribute(k_matmul_mxfp4_tiles, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   int(kMxfp4SharedMax));
-        if (e != cudaSuccess) return e;
-        opted_in = true;
-    }
-    return launch_kernel(s, k_matmul_mxfp4_tiles, dim3(blocks), dim3(mma::kMmaThreads), shared, jobs, n_jobs,
+    if (const cudaError_t e = opt_in_shared<k_matmul_mxfp4_tiles<Src>>(shared, kMxfp4SharedMax); e != cudaSuccess)
+        return e;
+    return launch_kernel(s, k_matmul_mxfp4_tiles<Src>, dim3(blocks), dim3(mma::kMmaThreads), shared, src, n_jobs,
                          uniform_blocks, staged_jobs);
 }
 
-cudaError_t launch_mxfp4(cudaStream_t s, const mm_job* jobs, int n_jobs, unsigned blocks, size_t shared, int ring) {
+template <class Src>
+cudaError_t launch_mxfp4(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared, int ring) {
     switch (ring) {
-        case 0: return launch_mxfp4_kernel<0>(s, jobs, n_jobs, blocks, shared);
-        case 8: return launch_mxfp4_kernel<8>(s, jobs, n_jobs, blocks, shared);
-        case 16: return launch_mxfp4_kernel<16>(s, jobs, n_jobs, blocks, shared);
+        case 0: return launch_mxfp4_kernel<0>(s, src, n_jobs, blocks, shared);
+        case 8: return launch_mxfp4_kernel<8>(s, src, n_jobs, blocks, shared);
+        case 16: return launch_mxfp4_kernel<16>(s, src, n_jobs, blocks, shared);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+template <class Src>
+cudaError_t launch_planned(cudaStream_t s, ggml_type type, const Src& src, int n_jobs, unsigned blocks,
+                           const matmul_plan& plan, bool staged_jobs) {
+    const size_t shared = plan.shared;
+    switch (type) {
+        case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, src, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, src, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, src, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, src, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::mxfp4:
+            return plan.tiles ? launch_mxfp4_tiles(s, src, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs)
+                              : launch_mxfp4(s, src, n_jobs, blocks, shared, plan.mxfp4_ring);
         default: return cudaErrorInvalidValue;
     }
 }
@@ -722,22 +746,16 @@ matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs) {
 }
 
 cudaError_t matmul(cudaStream_t s, ggml_type type, const mm_job* jobs, int n_jobs, const matmul_plan& plan,
-                   bool staged_jobs) {
+                   bool staged_jobs, const inline_jobs* inline_from) {
     const int64_t total_blocks = plan.blocks;
-    const size_t shared = plan.shared;
     if (n_jobs == 0 || total_blocks == 0) return cudaSuccess;
     if (total_blocks > int64_t(0x7fffffff)) return cudaErrorInvalidConfiguration;
     const unsigned blocks = unsigned(total_blocks);
-    switch (type) {
-        case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, jobs, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::mxfp4:
-            return plan.tiles ? launch_mxfp4_tiles(s, jobs, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs)
-                              : launch_mxfp4(s, jobs, n_jobs, blocks, shared, plan.mxfp4_ring);
-        default: return cudaErrorInvalidValue;
+    if (inline_from) {
+        if (jobs != nullptr || n_jobs > kInlineJobs) return cudaErrorInvalidValue;
+        return launch_planned(s, type, *inline_from, n_jobs, blocks, plan, true);
     }
+    return launch_planned(s, type, device_jobs(jobs), n_jobs, blocks, plan, staged_jobs);
 }
 
 }  // namespace moestream::cuda::kernels
