@@ -34,9 +34,10 @@ inline constexpr int64_t kStripRows = 8;
 inline constexpr int64_t kUnitBlocks = 4;
 inline constexpr int64_t kUnitBytes = 544;
 inline constexpr int64_t kUnitWeightBytes = 512;
-// The widest rows tiled: the matmul stages a group's x rows in shared memory (its budget) and
-// the tiler a whole strip (8 x cols/32 x 17 bytes).
-inline constexpr int64_t kMaxCols = 24576;
+// The widest rows tiled: the matmul stages at least one x row of them in shared memory (96,000
+// bytes, 4 a column: matmul_mma.cuh's kXBudget) and the tiler a whole strip (8 x cols/32 x 17
+// bytes); the largest multiple of 128 within both.
+inline constexpr int64_t kMaxCols = 23936;
 inline constexpr uint32_t kFragmentMask = 0x8E008E00u;
 
 MS_HD uint32_t bit_reverse(uint32_t v) {

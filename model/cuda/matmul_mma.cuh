@@ -72,6 +72,8 @@ struct ring_shape {
 };
 static_assert(ring_shape<8>::per_lane == 5 && ring_shape<16>::per_lane == 9);
 
+static_assert(mxfp4_tiles::kMaxCols * 4 <= int64_t(kXBudget), "a tileable row's x must fit the mma kernel's budget");
+
 // x rows per group for rows of `cols` columns (0: the shape is not for the mma kernel).
 constexpr int mma_group_rows(int64_t cols) {
     if (cols <= 0 || cols % 128 != 0) return 0;
