@@ -71,6 +71,7 @@ engine::engine(dsv41::model& model, engine_options opts)
     po.context = opts_.context_tokens;
     po.rollback = opts_.rollback;
     states_ = std::make_unique<prefix_pool>(model_, po);
+    stats_.layers = int(model_.hp().n_layers);
     outbox_ = std::make_unique<event_outbox>();
     wake_.expires_at(asio::steady_timer::time_point::max());
     asio::co_spawn(strand_, step_loop(), [](std::exception_ptr e) {

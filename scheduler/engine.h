@@ -166,6 +166,7 @@ struct engine_stats {
     uint64_t decode_rows = 0;  // sequences in each forward, summed (/ steps = mean batch)
     step_split time;           // every step's split, summed
     step_split last_step;      // the latest step's
+    int layers = 0;            // the target's layers (a forward's layers, for figures per layer)
     // Speculative decoding: drafts (one sequence's tokens drafted in one step, at least one),
     // the tokens drafted and accepted, accepted by draft position (1..5), engine steps that
     // verified drafts, proposals that failed (decoding went on without drafts).

@@ -377,6 +377,15 @@ std::string server_metrics::render(const engine_stats& engine, const streaming_f
                                                    {"copy", engine.last_step.copy_s},
                                                    {"scheduler", engine.last_step.scheduler_s}};
     for (const auto& [part, v] : last) x.sample("moestream:last_step_seconds", "", v, {{"part", part}});
+    // The same per layer of the forward, in microseconds (a streamed layer's budget: how long it
+    // waited for its experts, computed, copied and was scheduled).
+    if (engine.layers > 0) {
+        x.family("moestream:last_step_layer_microseconds", "gauge",
+                 "The latest engine step's time by part per layer of the forward, in microseconds "
+                 "(last_step_seconds / layers).");
+        for (const auto& [part, v] : last)
+            x.sample("moestream:last_step_layer_microseconds", "", v * 1e6 / double(engine.layers), {{"part", part}});
+    }
 
     x.family("moestream:request_success_total", "counter", "Finished requests by finish reason.");
     for (size_t i = 0; i < kReasons.size(); ++i)

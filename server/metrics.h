@@ -36,6 +36,7 @@
 //   moestream:engine_busy_seconds_total (c)     time the engine spent in forwards
 //   moestream:step_seconds_total{part="compute|expert_wait|engram_wait|copy|scheduler"} (c)
 //   moestream:last_step_seconds{part="total|compute|expert_wait|engram_wait|copy|scheduler"} (g)
+//   moestream:last_step_layer_microseconds{part=...} (g): the same per layer of the forward
 // Expert streaming (only when the experts are streamed; scheduler/tiered_experts.h and
 // engram_stream.h counters):
 //   moestream:expert_demands_total              experts the model asked for

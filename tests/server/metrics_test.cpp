@@ -221,6 +221,8 @@ engine_stats some_engine_stats() {
     e.spec_failures = 1;
     e.step_experts = {500, 240, 90};
     e.step_experts_steps = {2, 6, 5};
+    e.layers = 40;
+    e.last_step = {0.032, 0.012, 0.016, 0.002, 0.0008, 0.0012};
     return e;
 }
 
@@ -368,6 +370,12 @@ BOOST_AUTO_TEST_CASE(render_is_valid_exposition_with_the_expected_values) {
                         {{"handler", "/v1/completions"}, {"method", "POST"}, {"status", "200"}}) == 2.0);
     BOOST_TEST(value_of(p, "moestream:http_requests_total", "moestream:http_requests_total",
                         {{"handler", "/odd\"path\\"}, {"method", "GET"}, {"status", "404"}}) == 1.0);
+    // The latest step per layer: 32 ms over 40 layers, 400 us of it waiting for experts.
+    const std::string per_layer = "moestream:last_step_layer_microseconds";
+    BOOST_TEST(value_of(p, per_layer, per_layer, {{"part", "total"}}) == 800.0, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(value_of(p, per_layer, per_layer, {{"part", "expert_wait"}}) == 400.0, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(value_of(p, per_layer, per_layer, {{"part", "scheduler"}}) == 30.0, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(value_of(p, "moestream:last_step_seconds", "moestream:last_step_seconds", {{"part", "compute"}}) == 0.012);
     BOOST_TEST(value_of(p, "moestream:expert_device_misses_total") == 20.0);
     BOOST_TEST(value_of(p, "moestream:expert_disk_bytes_total") == double(1 << 20));
     BOOST_TEST(value_of(p, "moestream:expert_reads_in_flight_mean") == 3.5);
