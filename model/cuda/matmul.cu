@@ -639,9 +639,8 @@ int sm_count() {
     return n;
 }
 
-// MXFP4: tiles per block (the same for every mma job of the launch) so that the launch's
-// tiles spread over the SMs in one wave where they can (which block or warp computes a tile
-// never changes its values); the other jobs as the CUDA-core kernel plans them, with 16 warps.
+// Tiled MXFP4 (every job of the launch): the mma path's tiles per block, spread over the SMs in
+// one wave where they can; -1 blocks when a job is not tiled or its shape does not tile.
 matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
     matmul_plan p;
     p.tiles = true;
@@ -649,7 +648,7 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
     for (int i = 0; i < n_jobs; ++i) {
         const mm_job& j = jobs[i];
         if (!(j.flags & kTiles) || !mxfp4_tiles::tileable(j.rows, j.cols, j.row_bytes) ||
-            (j.up && (j.rows % 8) != 0) || mma::mma_group_rows(j.cols) == 0)
+            mma::mma_group_rows(j.cols) == 0)
             return {-1, 0};
         tiles += mma_tiles(j);
         const size_t sh = mma::mma_x_bytes(j.cols, j.n);
@@ -673,6 +672,9 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
     return p;
 }
 
+// MXFP4: tiles per block (the same for every mma job of the launch) so that the launch's
+// tiles spread over the SMs in one wave where they can (which block or warp computes a tile
+// never changes its values); the other jobs as the CUDA-core kernel plans them, with 16 warps.
 matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
     if (n_jobs > 0 && (jobs[0].flags & kTiles)) return plan_mxfp4_tiles(jobs, n_jobs);
     matmul_plan p;
