@@ -72,6 +72,7 @@ struct matmul_plan {
     // division instead of a search over the descriptors), else 0.
     bool tiles = false;
     int64_t uniform_blocks = 0;
+    int tile_warps = 16;  // warps a block of the tiled kernel (16: one block an SM; 8: two)
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // A launch's descriptors passed in the kernel's parameters instead of device memory (a stream

@@ -484,13 +484,16 @@ __device__ __forceinline__ void tiles_warp(const mm_job& jb, mma::tile_unit_regs
 // host-staged descriptors a warp's first units are loaded before the kernel waits for its
 // predecessor: weights never depend on it (the tiler, the one kernel that writes weights, lets
 // no dependent start before it ends: tiles.cu).
-template <class Src>
-__global__ void __launch_bounds__(mma::kMmaThreads, 1)
+// kWarps: the block's warps, 16 (one block an SM) or 8 (two: a block of the next launch may
+// start on an SM, and ask for its weights, while the other still runs; MOESTREAM_TILE_WARPS=8,
+// to measure). Which warp computes a tile never changes its values.
+template <class Src, int kWarps>
+__global__ void __launch_bounds__(kWarps * kWarp, mma::kMmaWarps / kWarps)
     k_matmul_mxfp4_tiles(const __grid_constant__ Src src, int n_jobs, int64_t uniform_blocks, bool staged_jobs) {
     if (!staged_jobs) grid_dependency_prologue();
     const mm_job* __restrict__ jobs = jobs_in(src);
     extern __shared__ __align__(16) uint8_t smem[];
-    __shared__ float red[mma::kMmaWarps][mma::kMmaGroupRows];
+    __shared__ float red[kWarps][mma::kMmaGroupRows];
     __shared__ int sexp[mma::kMmaGroupRows];
     const int64_t blk = blockIdx.x;
     const mm_job& jb = uniform_blocks > 0 ? jobs[blk / uniform_blocks] : find_job(jobs, n_jobs, blk);
@@ -518,7 +521,7 @@ __global__ void __launch_bounds__(mma::kMmaThreads, 1)
     }
     if (staged_jobs) grid_dependency_prologue();
     uint4* xs = reinterpret_cast<uint4*>(smem);
-    mma::stage_x(jb, r0, nr, xs, sexp, red);
+    mma::stage_x<kWarps>(jb, r0, nr, xs, sexp, red);
     if (!active) return;
     switch (nr) {
         case 1: tiles_warp<1>(jb, buf, A, B, units, xs, sexp, r0, tile, pair, lane); break;
@@ -557,14 +560,27 @@ cudaError_t launch_mxfp4_kernel(cudaStream_t s, const Src& src, int n_jobs, unsi
     return launch_kernel(s, k_matmul_mxfp4<kRing, Src>, dim3(blocks), dim3(mma::kMmaThreads), shared, src, n_jobs);
 }
 
+template <class Src, int kWarps>
+cudaError_t launch_mxfp4_tiles_kernel(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared,
+                                      int64_t uniform_blocks, bool staged_jobs) {
+    if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
+    if (const cudaError_t e = opt_in_shared<k_matmul_mxfp4_tiles<Src, kWarps>>(shared, kMxfp4SharedMax);
+        e != cudaSuccess)
+        return e;
+    return launch_kernel(s, k_matmul_mxfp4_tiles<Src, kWarps>, dim3(blocks), dim3(kWarps * kWarp), shared, src,
+                         n_jobs, uniform_blocks, staged_jobs);
+}
+
 template <class Src>
 cudaError_t launch_mxfp4_tiles(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared,
-                               int64_t uniform_blocks, bool staged_jobs) {
-    if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
-    if (const cudaError_t e = opt_in_shared<k_matmul_mxfp4_tiles<Src>>(shared, kMxfp4SharedMax); e != cudaSuccess)
-        return e;
-    return launch_kernel(s, k_matmul_mxfp4_tiles<Src>, dim3(blocks), dim3(mma::kMmaThreads), shared, src, n_jobs,
-                         uniform_blocks, staged_jobs);
+                               const matmul_plan& plan, bool staged_jobs) {
+    switch (plan.tile_warps) {
+        case 8: return launch_mxfp4_tiles_kernel<Src, 8>(s, src, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs);
+        case mma::kMmaWarps:
+            return launch_mxfp4_tiles_kernel<Src, mma::kMmaWarps>(s, src, n_jobs, blocks, shared, plan.uniform_blocks,
+                                                                  staged_jobs);
+        default: return cudaErrorInvalidValue;
+    }
 }
 
 template <class Src>
@@ -587,7 +603,7 @@ cudaError_t launch_planned(cudaStream_t s, ggml_type type, const Src& src, int n
         case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, src, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, src, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::mxfp4:
-            return plan.tiles ? launch_mxfp4_tiles(s, src, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs)
+            return plan.tiles ? launch_mxfp4_tiles(s, src, n_jobs, blocks, shared, plan, staged_jobs)
                               : launch_mxfp4(s, src, n_jobs, blocks, shared, plan.mxfp4_ring);
         default: return cudaErrorInvalidValue;
     }
@@ -654,9 +670,15 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
         const size_t sh = mma::mma_x_bytes(j.cols, j.n);
         if (sh > p.shared) p.shared = sh;
     }
-    const int64_t sms = sm_count();
-    int64_t per_block = (tiles + sms - 1) / sms;
-    per_block = per_block < 1 ? 1 : per_block > mma::kMmaWarps ? mma::kMmaWarps : per_block;
+    // Blocks of tile_warps warps, kMmaWarps / tile_warps of them an SM.
+    static const int warps = [] {
+        const char* v = std::getenv("MOESTREAM_TILE_WARPS");
+        return v && std::atoi(v) == 8 ? 8 : mma::kMmaWarps;
+    }();
+    p.tile_warps = warps;
+    const int64_t slots = sm_count() * (mma::kMmaWarps / warps);
+    int64_t per_block = (tiles + slots - 1) / slots;
+    per_block = per_block < 1 ? 1 : per_block > warps ? warps : per_block;
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
         const int64_t tile_rows = j.up ? 8 : 16;

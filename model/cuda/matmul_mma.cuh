@@ -171,9 +171,12 @@ __device__ __forceinline__ uint32_t pack_half2(__half lo, __half hi) {
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float(uint32_t(e + 127) << 23); }  // |e| <= 126
 
 // Stages the group's x rows [r0, r0 + nr) of the job in `xs` (layout above) and their scale
-// exponents in `sexp`. Every thread of the block takes part (ends with a barrier).
+// exponents in `sexp`. Every thread of the block (kWarps warps; red: kWarps rows) takes part
+// (ends with a barrier).
+template <int kWarps = kMmaWarps>
 __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, uint4* xs, int* sexp,
                                         float (*red)[kMmaGroupRows]) {
+    constexpr int kBlockThreads = kWarps * kWarp;
     const int tid = int(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
     // Read-only loads (x is not written in this kernel), unrolled, so that a thread's loads are in
     // flight together: at 4 rows of 5120 columns the loads one after the other cost ~3 us.
@@ -183,7 +186,7 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
     float m[kMmaGroupRows] = {0.0f, 0.0f, 0.0f, 0.0f};
     const int cols = int(jb.cols);
 #pragma unroll 4
-    for (int e = tid; e < cols; e += kMmaThreads)
+    for (int e = tid; e < cols; e += kBlockThreads)
 #pragma unroll
         for (int r = 0; r < kMmaGroupRows; ++r)
             if (r < nr) m[r] = fmaxf(m[r], fabsf(__ldg(xrow[r] + e)));
@@ -195,7 +198,7 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
     __syncthreads();
     if (tid < kMmaGroupRows) {
         float mx = 0.0f;
-        for (int w = 0; w < kMmaWarps; ++w) mx = fmaxf(mx, red[w][tid]);
+        for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, red[w][tid]);
         // max |x| 2^s in [2^14, 2^15); zeros (and inf/NaN rows) keep s = 0.
         sexp[tid] = (mx > 0.0f && mx <= 3.402823466e38f) ? 14 - ilogbf(mx) : 0;
     }
@@ -205,11 +208,11 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
     // An item: x row r's elements 4t..4t+3 and 16+4t..16+4t+3 of block b, as its hi and lo
     // halves; kItemsAhead items' values loaded before the first is converted.
     constexpr int kItemsAhead = 4;
-    for (int i0 = tid; i0 < items; i0 += kItemsAhead * kMmaThreads) {
+    for (int i0 = tid; i0 < items; i0 += kItemsAhead * kBlockThreads) {
         float v[kItemsAhead][8];
 #pragma unroll
         for (int a = 0; a < kItemsAhead; ++a) {
-            const int i = i0 + a * kMmaThreads < items ? i0 + a * kMmaThreads : i0;
+            const int i = i0 + a * kBlockThreads < items ? i0 + a * kBlockThreads : i0;
             const int t = i & 3, br = i >> 2, r = br % nr, b = br / nr;
             const float* p = jb.x + (r0 + r) * jb.x_stride + b * 32 + 4 * t;
 #pragma unroll
@@ -217,7 +220,7 @@ __device__ __forceinline__ void stage_x(const mm_job& jb, int64_t r0, int nr, ui
         }
 #pragma unroll
         for (int a = 0; a < kItemsAhead; ++a) {
-            const int i = i0 + a * kMmaThreads;
+            const int i = i0 + a * kBlockThreads;
             if (i >= items) break;
             const int t = i & 3, br = i >> 2, r = br % nr, b = br / nr;
             const int s = sexp[r];
