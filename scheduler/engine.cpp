@@ -254,7 +254,7 @@ asio::awaitable<void> engine::step_loop() {
         if (step_k > 0) {
             const auto draft_start = steady::now();
             for (active* a : drafting) {
-                const int want = draft_room(*a, step_k);
+                const int want = draft_room(*a, spec_->request(step_k, *a->drafter, decoding_rows));
                 if (want <= 0) continue;
                 const int64_t failures = a->drafter->failures();
                 const auto drafts =

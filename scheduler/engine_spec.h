@@ -73,6 +73,11 @@ class engine_speculation {
     // The draft length of the next step with at least one speculating decoding sequence:
     // `decoding` sequences feed a row each, `drafting` of them may add k drafts.
     int choose(int decoding, int drafting);
+    // How many drafts to ask `d` for in a step whose length choose() made `step_k`
+    // (draft_policy::request: the most, for the DSpark head once its confidences cut the block).
+    int request(int step_k, const spec::drafter& d, int decoding) const {
+        return o_.adaptive ? policy_.request(step_k, d.drafts_whole_block(), decoding) : step_k;
+    }
     // Verified: one sequence's drafts (with their confidences, when its drafter has them).
     void record_drafts(int drafted, int accepted, std::span<const float> confidences = {}) {
         policy_.record_drafts(drafted, accepted, confidences);

@@ -278,14 +278,22 @@ double draft_policy::verify_seconds(double rows) const {
     return fit_.base + fit_.per_row * rows + fit_.per_resident * (u - missing) + fit_.per_missing * missing;
 }
 
+bool draft_policy::cuts_by_confidence(int base_rows) const {
+    refit();
+    // No cost model yet (or one that says nothing), or the step explores its k: every draft.
+    return fit_.ready && verify_seconds(double(std::max(1, base_rows))) > 0 && !explored_;
+}
+
+int draft_policy::request(int k, bool whole_block, int base_rows) const {
+    return k > 0 && whole_block && cuts_by_confidence(base_rows) ? max_k_ : k;
+}
+
 std::vector<int> draft_policy::trim(int base_rows, std::span<const std::vector<float>> confidences) const {
     std::vector<int> keep(confidences.size());
     for (size_t s = 0; s < confidences.size(); ++s) keep[s] = int(confidences[s].size());
-    refit();
+    if (!cuts_by_confidence(base_rows)) return keep;
     const double rows0 = double(std::max(1, base_rows));
-    const double t0 = fit_.ready ? verify_seconds(rows0) : 0.0;
-    // Every draft: no cost model yet (or one that says nothing), or the step explores its k.
-    if (!(t0 > 0) || explored_) return keep;
+    const double t0 = verify_seconds(rows0);
     struct candidate {
         double survival;
         size_t seq;

@@ -21,7 +21,9 @@
 //  - At most every 16th step tries a neighbour of the best, so costs and acceptance stay
 //    measured, and only as often as 2% of the time pays for its expected loss.
 //  - Drafts with confidences (the DSpark head's: a raw logit per draft, whose sigmoid the paper
-//    reads as the draft's conditional acceptance) are trimmed once made (trim()): each draft's
+//    reads as the draft's conditional acceptance; the head drafts its whole block at one cost,
+//    so once trim() cuts by confidence the engine asks it for the most, request()) are trimmed
+//    once made (trim()): each draft's
 //    acceptance is its confidence calibrated online (bins of the sigmoid, each starting at its
 //    own value), a sequence's prefix survival the product; drafts join in decreasing survival
 //    while expected committed tokens per modelled second of the verification rise (the DSpark
@@ -76,6 +78,14 @@ class draft_policy {
     void record_step(int drafted, double seconds);
     void record_step(const step_sample& s);
 
+    // How many drafts to ask a drafter for when choose() said k: k, or, for a drafter whose
+    // proposals cost the same at any length and come with confidences (whole_block), the most
+    // (max_k) whenever k > 0 and trim() would cut them by their confidences (the cost model
+    // ready, the step not exploring a k): the step's length is then chosen from the drafts'
+    // own confidences, not from the average acceptance by position.
+    int request(int k, bool whole_block, int base_rows) const;
+    // Whether trim() would cut drafts by their confidences now (else it keeps every draft).
+    bool cuts_by_confidence(int base_rows) const;
     // Drafts made (per sequence, their confidences in order), how many of each to verify:
     // `base_rows` rows go in without drafts. Every draft while the cost model is not ready, or
     // when the last choose() explored (its k is what is being measured).

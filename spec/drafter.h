@@ -34,6 +34,10 @@ class drafter {
     // The last proposal's confidence per token (raw logits: the DSpark head's, whose sigmoid is
     // read as the draft's conditional acceptance), or empty for a drafter that has none.
     virtual std::span<const float> confidences() const { return {}; }
+    // Whether proposing fewer tokens costs it no less (the DSpark head drafts its whole block in
+    // one forward whatever k): the engine may then ask for the most and let the confidences say
+    // how many to verify (draft_policy::request).
+    virtual bool drafts_whole_block() const { return false; }
 };
 
 }  // namespace moestream::spec

@@ -21,6 +21,7 @@ class dspark_drafter final : public drafter {
     const std::string& error() const { return error_; }
     int64_t failures() const override { return failures_; }
     std::span<const float> confidences() const override { return confidences_; }
+    bool drafts_whole_block() const override { return true; }  // one head forward, any k
 
   private:
     dsv41::model& m_;

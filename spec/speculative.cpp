@@ -72,7 +72,10 @@ result<spec_stats> decode(dsv41::model& target, dsv41::sequence_state& seq, int3
     for (;;) {
         // No more drafts than tokens still wanted beyond the one the step yields anyway, nor than
         // the sequence has room for.
-        const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->choose()) : o.k;
+        // A whole-block drafter (the DSpark head) is asked for the most once its confidences
+        // choose the length (draft_policy::request).
+        const int64_t k = o.policy ? std::min<int64_t>(o.k, o.policy->request(o.policy->choose(), d.drafts_whole_block(), 1))
+                                   : o.k;
         const int want = draft_room(k, n - emitted, seq.capacity() - seq.size() - 1);
         recorder.begin();
         std::vector<int32_t> draft = want > 0 ? d.propose(context, want) : std::vector<int32_t>{};

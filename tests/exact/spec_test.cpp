@@ -266,6 +266,28 @@ BOOST_AUTO_TEST_CASE(confidences_are_calibrated_and_cut_the_block) {
     BOOST_TEST(pol.calibrated(6.f) > 0.99);  // other bins keep their own
 }
 
+// A drafter whose block costs the same at any length (the DSpark head) is asked for the most
+// once the policy cuts drafts by their confidences (the cost model ready, no k being explored),
+// so that the confidences choose the step's length; before that, and for other drafters, it is
+// asked for what choose() said; never when choose() said 0.
+BOOST_AUTO_TEST_CASE(a_whole_block_drafter_is_asked_for_the_most_once_confidences_cut) {
+    union_machine m{0.5};
+    spec::draft_policy pol(4, {240, 240 * 64});
+    BOOST_TEST(!pol.cuts_by_confidence(1));
+    BOOST_TEST(pol.request(2, true, 1) == 2);  // no cost model yet: choose()'s k is measured
+    for (int s = 0; s < 40; ++s) pol.record_step(m.sample(s % 2, m.share));
+    BOOST_TEST_REQUIRE(pol.cost().ready);
+    BOOST_TEST(pol.cuts_by_confidence(1));
+    BOOST_TEST(pol.request(1, true, 1) == 4);
+    BOOST_TEST(pol.request(3, true, 2) == 4);
+    BOOST_TEST(pol.request(1, false, 1) == 1);  // an n-gram drafter pays per token
+    BOOST_TEST(pol.request(0, true, 1) == 0);   // no draft: the head does not run
+    // What the engine then verifies of a block of 4 is trim()'s: sure drafts kept, a doubtful
+    // one ends the block.
+    const std::vector<std::vector<float>> block{{6.f, 6.f, -6.f, 6.f}};
+    BOOST_TEST(pol.trim(1, block)[0] == 2);
+}
+
 // A k never measured costs what the union model and the current residency say: measured at
 // k 0 and 1 only, the model's time for k 5 is the machine's within 5%, where the line through
 // the two measured points is off by more than 15% (the union is concave).
