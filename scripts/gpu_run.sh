@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first four;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first five;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -14,7 +14,7 @@ export MOESTREAM_SHARED_DIR=$G/shared
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 BIN=$G/bin/moestream
-what=${*:-tests cli kernels decode}
+what=${*:-tests cli tiles kernels decode}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 if [[ $what == *tests* ]]; then
