@@ -82,19 +82,34 @@ MS_HD bool tileable(int64_t rows, int64_t cols, int64_t row_stride) {
            row_stride == cols / 32 * 17;
 }
 
-// Unit u of a strip: its 544 bytes from the strip's 8 ggml rows at `rows8` (row r at r * row_bytes).
+// Lane (g, t)'s share of unit u of a strip (its 8 ggml rows at `rows8`, row r at r * row_bytes):
+// the tiled words of qs word t of blocks 4u..4u+3 of row g (its 16 bytes at (4g + t) * 16), and
+// row g's four scales (at kUnitWeightBytes + 4g), block 4u + j in byte j.
+struct lane_share {
+    uint32_t words[kUnitBlocks];
+    uint32_t scales;
+};
+MS_HD lane_share tile_lane(const uint8_t* rows8, int64_t row_bytes, int64_t u, int g, int t) {
+    lane_share r{};
+    for (int jj = 0; jj < kUnitBlocks; ++jj) {
+        const uint8_t* blk = rows8 + g * row_bytes + (kUnitBlocks * u + jj) * 17;
+        const uint32_t q = uint32_t(blk[1 + 4 * t]) | uint32_t(blk[2 + 4 * t]) << 8 | uint32_t(blk[3 + 4 * t]) << 16 |
+                           uint32_t(blk[4 + 4 * t]) << 24;
+        r.words[jj] = tiled_word(q);
+        r.scales |= uint32_t(blk[0]) << (8 * jj);
+    }
+    return r;
+}
+
+// Unit u of a strip: its 544 bytes (byte by byte, little-endian words).
 MS_HD void tile_unit(const uint8_t* rows8, int64_t row_bytes, int64_t u, uint8_t* unit) {
     for (int g = 0; g < kStripRows; ++g)
-        for (int jj = 0; jj < kUnitBlocks; ++jj) {
-            const uint8_t* blk = rows8 + g * row_bytes + (kUnitBlocks * u + jj) * 17;
-            for (int t = 0; t < 4; ++t) {
-                const uint32_t q = uint32_t(blk[1 + 4 * t]) | uint32_t(blk[2 + 4 * t]) << 8 |
-                                   uint32_t(blk[3 + 4 * t]) << 16 | uint32_t(blk[4 + 4 * t]) << 24;
-                const uint32_t w = tiled_word(q);
-                uint8_t* at = unit + (4 * g + t) * 16 + jj * 4;
-                at[0] = uint8_t(w), at[1] = uint8_t(w >> 8), at[2] = uint8_t(w >> 16), at[3] = uint8_t(w >> 24);
-            }
-            unit[kUnitWeightBytes + 4 * g + jj] = blk[0];
+        for (int t = 0; t < 4; ++t) {
+            const lane_share share = tile_lane(rows8, row_bytes, u, g, t);
+            for (int jj = 0; jj < kUnitBlocks; ++jj)
+                for (int b = 0; b < 4; ++b) unit[(4 * g + t) * 16 + 4 * jj + b] = uint8_t(share.words[jj] >> (8 * b));
+            if (t == 0)
+                for (int b = 0; b < 4; ++b) unit[kUnitWeightBytes + 4 * g + b] = uint8_t(share.scales >> (8 * b));
         }
 }
 

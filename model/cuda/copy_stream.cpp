@@ -11,7 +11,6 @@
 #include "config/assert.h"
 #include "model/cuda/cuda_check.h"
 #include "model/cuda/kernels.h"
-#include "model/mxfp4_tiles.h"
 
 namespace moestream::cuda {
 namespace {
@@ -83,7 +82,7 @@ class cuda_copy_stream final : public copy_stream {
         copy(lane, pieces);
         // The copied experts' MXFP4 parts into the tile layout, on the lane: the fill's event
         // (which the compute stream waits on) follows the tiler.
-        tile_on(lane, tile);
+        check(kernels::tile_mxfp4(lane, tile), "tile_mxfp4 (copy lane)");
         check(cudaEventRecord(event(e), lane), "cudaEventRecord (copy lane)");
         // Issued while the backend records a step this wait would precede the step's graph: it
         // would hold more kernels than needed, never fewer (the device tier issues no fill then:
@@ -96,20 +95,6 @@ class cuda_copy_stream final : public copy_stream {
     std::string notes() const override { return notes_; }
 
   private:
-    void tile_on(cudaStream_t lane, std::span<const weight_view> tile) {
-        kernels::tile_batch b;
-        for (size_t i = 0; i < tile.size(); ++i) {
-            const weight_view& w = tile[i];
-            MS_ASSERT(w.type == ggml_type::mxfp4 && w.layout == weight_layout::rows &&
-                      mxfp4_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride)));
-            b.m[b.n++] = {static_cast<uint8_t*>(const_cast<void*>(w.data)), int32_t(w.rows), int32_t(w.cols)};
-            if (b.n == kernels::kMaxTileMatrices || i + 1 == tile.size()) {
-                check(kernels::tile_mxfp4(lane, b), "tile_mxfp4 (copy lane)");
-                b.n = 0;
-            }
-        }
-    }
-
     // The pieces in as few calls as the driver takes: each call costs the host a few
     // microseconds, which is the whole copy's time for a small expert's part.
     void copy(cudaStream_t lane, std::span<const copy_piece> pieces) {

@@ -21,13 +21,10 @@
 #include "model/cuda/moe_kernels.h"
 #include "model/cuda/step_graph.h"
 #include "model/cuda/step_recorder.h"
-#include "model/mxfp4_tiles.h"
 
 namespace moestream::cuda {
 namespace {
 
-// MOESTREAM_MXFP4_TILES=0 keeps MXFP4 experts in the file's rows (the rows kernel), for A/B runs
-// and the check that both layouts give the same bits.
 // MOESTREAM_INLINE_JOBS=1: a stream launch of at most kInlineJobs matmul jobs passes them in the
 // kernel's parameters instead of copying them to the device before it (one driver call an op
 // instead of two). Off until measured on the GPU; values never depend on it.
@@ -39,6 +36,8 @@ bool inline_jobs_enabled() {
     return on;
 }
 
+// MOESTREAM_MXFP4_TILES=0 keeps MXFP4 experts in the file's rows (the rows kernel), for A/B runs
+// and the check that both layouts give the same bits.
 bool mxfp4_tiles_enabled() {
     static const bool on = [] {
         const char* v = std::getenv("MOESTREAM_MXFP4_TILES");
@@ -254,19 +253,7 @@ class cuda_backend final : public backend {
     bool tiles_mxfp4() const override { return mxfp4_tiles_enabled(); }
     void tile_mxfp4(std::span<const weight_view> matrices) override {
         MS_ASSERT_MSG(!capturing_, "tile_mxfp4() inside a captured step");
-        kernels::tile_batch b;
-        for (size_t i = 0; i < matrices.size(); ++i) {
-            const weight_view& w = matrices[i];
-            MS_ASSERT_MSG(w.type == ggml_type::mxfp4 && w.layout == weight_layout::rows &&
-                              mxfp4_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride)),
-                          "tile_mxfp4: not a tileable MXFP4 matrix in rows");
-            b.m[b.n++] = {static_cast<uint8_t*>(const_cast<void*>(w.data)), int32_t(w.rows), int32_t(w.cols)};
-            if (b.n == kernels::kMaxTileMatrices || i + 1 == matrices.size()) {
-                ++stats_.launches;
-                check(kernels::tile_mxfp4(stream_, b), "tile_mxfp4");
-                b.n = 0;
-            }
-        }
+        check(kernels::tile_mxfp4(stream_, matrices, &stats_.launches), "tile_mxfp4");
     }
 
     // ---- copy streams (model/cuda/copy_stream.h) ----

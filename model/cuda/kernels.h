@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "config/dtype.h"
 #include "model/act_quant.h"
@@ -104,6 +105,9 @@ struct tile_batch {
     tile_matrix m[kMaxTileMatrices];
 };
 cudaError_t tile_mxfp4(cudaStream_t s, const tile_batch& batch);
+// The same for views of backend memory (each MXFP4, rows layout, tileable), in launches of up to
+// kMaxTileMatrices; `launches` (when given) counts them.
+cudaError_t tile_mxfp4(cudaStream_t s, std::span<const weight_view> matrices, uint64_t* launches = nullptr);
 
 // ---- sums and updates ----
 // f[r][d] = bf16(Σ_e src[e][d] for e in [starts[r], starts[r + 1])) in order, then the hc update

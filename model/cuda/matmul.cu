@@ -655,6 +655,23 @@ int sm_count() {
     return n;
 }
 
+// Tiles a block of an mma launch of `tiles` tiles over `slots` blocks running at once (SMs times
+// blocks an SM), at most `most`: one wave where they fit (which block or warp computes a tile
+// never changes its values).
+int64_t tiles_per_block(int64_t tiles, int64_t slots, int most) {
+    const int64_t per_block = (tiles + slots - 1) / slots;
+    return per_block < 1 ? 1 : per_block > most ? most : per_block;
+}
+
+// An mma job's blocks at `per_block` tiles a block, which its block_rows says (-per_block).
+int64_t plan_mma_job(mm_job& j, int64_t per_block) {
+    const int64_t tile_rows = j.up ? 8 : 16;
+    const int g = mma::mma_group_rows(j.cols);
+    const int64_t row_tiles = (j.rows + tile_rows - 1) / tile_rows;
+    j.block_rows = -int32_t(per_block);
+    return ((j.n + g - 1) / g) * ((row_tiles + per_block - 1) / per_block);
+}
+
 // Tiled MXFP4 (every job of the launch): the mma path's tiles per block, spread over the SMs in
 // one wave where they can; -1 blocks when a job is not tiled or its shape does not tile.
 matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
@@ -676,17 +693,11 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
         return v && std::atoi(v) == 8 ? 8 : mma::kMmaWarps;
     }();
     p.tile_warps = warps;
-    const int64_t slots = sm_count() * (mma::kMmaWarps / warps);
-    int64_t per_block = (tiles + slots - 1) / slots;
-    per_block = per_block < 1 ? 1 : per_block > warps ? warps : per_block;
+    const int64_t per_block = tiles_per_block(tiles, sm_count() * (mma::kMmaWarps / warps), warps);
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
-        const int64_t tile_rows = j.up ? 8 : 16;
-        const int g = mma::mma_group_rows(j.cols);
-        const int64_t row_tiles = (j.rows + tile_rows - 1) / tile_rows;
         j.first_block = p.blocks;
-        j.block_rows = -int32_t(per_block);
-        const int64_t b = ((j.n + g - 1) / g) * ((row_tiles + per_block - 1) / per_block);
+        const int64_t b = plan_mma_job(j, per_block);
         p.uniform_blocks = i == 0 || p.uniform_blocks == b ? b : -1;
         p.blocks += b;
     }
@@ -718,22 +729,12 @@ matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
             if (sh > p.shared) p.shared = sh;
         }
     }
-    const int64_t sms = sm_count();
-    int64_t per_block = (tiles + sms - 1) / sms;
-    per_block = per_block < 1 ? 1 : per_block > mma::kMmaWarps ? mma::kMmaWarps : per_block;
+    const int64_t per_block = tiles_per_block(tiles, sm_count(), mma::kMmaWarps);
     const int core_rows = core_blocks < 264 ? mma::kMmaWarps : kMatmulBlockRows;
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
         j.first_block = p.blocks;
-        if (takes_mma(j)) {
-            const int64_t tile_rows = j.up ? 8 : 16;
-            const int g = mma::mma_group_rows(j.cols);
-            const int64_t row_tiles = (j.rows + tile_rows - 1) / tile_rows;
-            j.block_rows = -int32_t(per_block);
-            p.blocks += ((j.n + g - 1) / g) * ((row_tiles + per_block - 1) / per_block);
-        } else {
-            p.blocks += plan_job(j, core_rows);
-        }
+        p.blocks += takes_mma(j) ? plan_mma_job(j, per_block) : plan_job(j, core_rows);
     }
     // One path and one ring in the launch: the kernel of that path alone (MOESTREAM_MXFP4_SPLIT=0
     // keeps the kernel with both, for A/B runs of bench kernels on one machine).

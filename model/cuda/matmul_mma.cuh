@@ -362,8 +362,8 @@ __device__ __forceinline__ void compute_tile(const uint8_t* rowA, const uint8_t*
 
 // ---- tiled weights (model/mxfp4_tiles.h) ----
 // The same products as compute_tile, from tiled strips: lane (g, t) loads its 16 bytes of a
-// unit of rows A (g) and B (g + 8) straight into registers (a unit: 4 blocks), TPD units ahead
-// of the one it computes, and decodes them with fragments_of_tiled. The fragments, the two mmas
+// unit of rows A (g) and B (g + 8) straight into registers (a unit: 4 blocks), kTileAhead units
+// ahead of the one it computes, and decodes them with fragments_of_tiled. The fragments, the two mmas
 // per block into a zeroed accumulator and the scaled adds in block order are compute_tile's, so
 // a row's bits are the rows kernel's.
 inline constexpr int kTileAhead = 2;  // units in flight per lane (3 and 4 measured no faster)

@@ -3,6 +3,7 @@
 // the same bytes (a strip's tiled form fills exactly the range of its rows).
 #include <algorithm>
 
+#include "config/assert.h"
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/mxfp4_tiles.h"
@@ -38,18 +39,10 @@ __global__ void __launch_bounds__(kThreads) k_tile_mxfp4(const tile_batch b) {
     for (int64_t k = threadIdx.x; k < units * 32; k += kThreads) {
         const int64_t u = k / 32;
         const int lane = int(k % 32), g = lane >> 2, t = lane & 3;
-        uint32_t w[4], sc = 0;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const uint8_t* blk = strip + g * row_bytes + (mxfp4_tiles::kUnitBlocks * u + jj) * 17;
-            const uint32_t q = uint32_t(blk[1 + 4 * t]) | uint32_t(blk[2 + 4 * t]) << 8 | uint32_t(blk[3 + 4 * t]) << 16 |
-                               uint32_t(blk[4 + 4 * t]) << 24;
-            w[jj] = mxfp4_tiles::tiled_word(q);
-            sc |= uint32_t(blk[0]) << (8 * jj);
-        }
+        const mxfp4_tiles::lane_share share = mxfp4_tiles::tile_lane(strip, row_bytes, u, g, t);
         uint8_t* unit = at + u * mxfp4_tiles::kUnitBytes;
-        *reinterpret_cast<uint4*>(unit + lane * 16) = uint4{w[0], w[1], w[2], w[3]};
-        if (t == 0) *reinterpret_cast<uint32_t*>(unit + mxfp4_tiles::kUnitWeightBytes + 4 * g) = sc;
+        *reinterpret_cast<uint4*>(unit + lane * 16) = uint4{share.words[0], share.words[1], share.words[2], share.words[3]};
+        if (t == 0) *reinterpret_cast<uint32_t*>(unit + mxfp4_tiles::kUnitWeightBytes + 4 * g) = share.scales;
     }
 }
 
@@ -73,6 +66,23 @@ cudaError_t tile_mxfp4(cudaStream_t s, const tile_batch& batch) {
     // at load).
     k_tile_mxfp4<<<dim3(unsigned(strips)), dim3(kThreads), shared, s>>>(batch);
     return cudaGetLastError();
+}
+
+cudaError_t tile_mxfp4(cudaStream_t s, std::span<const weight_view> matrices, uint64_t* launches) {
+    tile_batch b;
+    for (size_t i = 0; i < matrices.size(); ++i) {
+        const weight_view& w = matrices[i];
+        MS_ASSERT_MSG(w.type == ggml_type::mxfp4 && w.layout == weight_layout::rows &&
+                          mxfp4_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride)),
+                      "tile_mxfp4: not a tileable MXFP4 matrix in rows");
+        b.m[b.n++] = {static_cast<uint8_t*>(const_cast<void*>(w.data)), int32_t(w.rows), int32_t(w.cols)};
+        if (b.n == kMaxTileMatrices || i + 1 == matrices.size()) {
+            if (const cudaError_t e = tile_mxfp4(s, b); e != cudaSuccess) return e;
+            if (launches) ++*launches;
+            b.n = 0;
+        }
+    }
+    return cudaSuccess;
 }
 
 }  // namespace moestream::cuda::kernels
