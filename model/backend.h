@@ -263,6 +263,10 @@ class backend {
     virtual void tile_mxfp4(std::span<const weight_view> matrices) {
         MS_ASSERT_MSG(matrices.empty(), "this backend does not tile MXFP4 weights");
     }
+    // Whether dense Q8_0 matrices this backend multiplies with should be uploaded tiled
+    // (model/q8_0_tiles.h, weight_layout::q8_0_tiles; the host tiles them on upload): the CUDA
+    // backend's tensor-core Q8_0 matmul reads only those. The CPU backend never tiles.
+    virtual bool tiles_q8_0() const { return false; }
 
     // ---- copy streams ----
     // A copy stream beside the ops (see copy_stream); an error when its streams or events

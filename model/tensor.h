@@ -13,8 +13,9 @@ namespace moestream {
 
 // How a matrix's bytes are ordered. `rows`: the file's (ggml) rows. `mxfp4_tiles`: MXFP4 rows
 // regrouped for the GPU's tensor-core kernel (model/mxfp4_tiles.h), the same bytes per strip of
-// 8 rows; only the CUDA backend makes and reads them (slots of its expert cache).
-enum class weight_layout : uint8_t { rows, mxfp4_tiles };
+// 8 rows; only the CUDA backend makes and reads them (slots of its expert cache). `q8_0_tiles`:
+// dense Q8_0 matrices regrouped likewise (model/q8_0_tiles.h) when the CUDA backend uploads them.
+enum class weight_layout : uint8_t { rows, mxfp4_tiles, q8_0_tiles };
 
 struct weight_view {
     const void* data = nullptr;
@@ -29,11 +30,13 @@ struct weight_view {
         MS_ASSERT(r >= 0 && r < rows && layout == weight_layout::rows);
         return static_cast<const std::byte*>(data) + size_t(r) * row_stride;
     }
-    // Rows [first, first + count) as a view of their own.
+    // Rows [first, first + count) as a view of their own. A tiled matrix keeps its bytes per
+    // strip of 8 rows in the strip's own range: whole strips are a tiled matrix of their own.
     weight_view slice_rows(int64_t first, int64_t count) const {
         MS_ASSERT(first >= 0 && count >= 0 && first + count <= rows);
-        MS_ASSERT_MSG(layout == weight_layout::rows, "rows of a tiled matrix are not contiguous");
-        return {row_or_end(first), type, cols, count, row_stride};
+        MS_ASSERT_MSG(layout == weight_layout::rows || (first % 8 == 0 && count % 8 == 0),
+                      "rows of a tiled matrix are contiguous only in whole strips of 8");
+        return {row_or_end(first), type, cols, count, row_stride, layout};
     }
     // A contiguous tensor of the given type.
     static weight_view contiguous(const void* data, ggml_type type, int64_t cols, int64_t rows) {

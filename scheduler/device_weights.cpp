@@ -2,6 +2,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "model/q8_0_tiles.h"
 
 namespace moestream {
 namespace {
@@ -11,26 +14,32 @@ constexpr size_t kAlign = 256;
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Every dense tensor of a block, as the loader bound it (model_loader.cpp bind_block).
-void for_each_tensor(dsv41::layer_weights& lw, const std::function<void(weight_view&)>& w,
-                     const std::function<void(vector_view&)>& v) {
+// A weight visitor: the view, and whether only matmuls read it (so that a backend may keep it in
+// a matmul's own layout: model/q8_0_tiles.h); tables read by rows (embeddings) and the hc mixes'
+// matrices (read by hc_mixes too) are not.
+using weight_visitor = std::function<void(weight_view&, bool matmul_only)>;
+
+void for_each_tensor(dsv41::layer_weights& lw, const weight_visitor& w, const std::function<void(vector_view&)>& v) {
     for (vector_view* p : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm, &lw.exp_probs_b,
                            &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base, &lw.hc_ffn_scale, &lw.compressor_norm,
                            &lw.index_k_norm, &lw.engram_qk})
         v(*p);
-    for (weight_view* p : {&lw.hc_attn_fn, &lw.hc_ffn_fn, &lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.gate_inp,
-                           &lw.gate_shexp, &lw.up_shexp, &lw.down_shexp, &lw.compressor_kv, &lw.compressor_gate,
-                           &lw.index_k, &lw.index_q_b, &lw.index_proj, &lw.engram_wkv})
-        w(*p);
+    for (weight_view* p : {&lw.hc_attn_fn, &lw.hc_ffn_fn}) w(*p, false);
+    for (weight_view* p : {&lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.gate_inp, &lw.gate_shexp, &lw.up_shexp,
+                           &lw.down_shexp, &lw.compressor_kv, &lw.compressor_gate, &lw.index_k, &lw.index_q_b,
+                           &lw.index_proj, &lw.engram_wkv})
+        w(*p, true);
 }
 
-void for_each_tensor(dsv41::model_weights& mw, std::optional<dsv41::draft_weights>& dw,
-                     const std::function<void(weight_view&)>& w, const std::function<void(vector_view&)>& v) {
-    w(mw.token_embd);
-    w(mw.output);
+void for_each_tensor(dsv41::model_weights& mw, std::optional<dsv41::draft_weights>& dw, const weight_visitor& w,
+                     const std::function<void(vector_view&)>& v) {
+    w(mw.token_embd, false);
+    w(mw.output, true);
     v(mw.output_norm);
     for (auto& lw : mw.layers) for_each_tensor(lw, w, v);
     if (!dw) return;
-    for (weight_view* p : {&dw->fc, &dw->markov_embed, &dw->markov_head, &dw->conf_proj}) w(*p);
+    w(dw->markov_embed, false);
+    for (weight_view* p : {&dw->fc, &dw->markov_head, &dw->conf_proj}) w(*p, true);
     for (vector_view* p : {&dw->enc_norm, &dw->output_norm}) v(*p);
     for (auto& lw : dw->stages) for_each_tensor(lw, w, v);
 }
@@ -45,7 +54,7 @@ size_t dense_weight_bytes(const loaded_model& m) {
     std::optional<dsv41::draft_weights> dw = m.draft;
     size_t total = 0;
     for_each_tensor(
-        mw, dw, [&](weight_view& w) { total += aligned(view_bytes(w)); },
+        mw, dw, [&](weight_view& w, bool) { total += aligned(view_bytes(w)); },
         [&](vector_view& v) { total += aligned(view_bytes(v)); });
     return total;
 }
@@ -61,11 +70,23 @@ result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const 
                           std::to_string(total >> 20) + " MiB)");
     std::byte* base = out->memory.data();
     size_t at = 0;
+    // Dense Q8_0 matrices in the backend's matmul layout where it has one (tiled here on the
+    // host, a matrix at a time: the upload copies its source before it returns).
+    const bool tile_q8 = be.tiles_q8_0();
+    std::vector<uint8_t> tiled;
     for_each_tensor(
         out->weights, out->draft,
-        [&](weight_view& w) {
+        [&](weight_view& w, bool matmul_only) {
             if (w.empty()) return;
-            be.upload(base + at, w.data, view_bytes(w));
+            if (matmul_only && tile_q8 && w.type == ggml_type::q8_0 && w.layout == weight_layout::rows &&
+                q8_0_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride))) {
+                tiled.resize(view_bytes(w));
+                q8_0_tiles::tile_matrix(static_cast<const uint8_t*>(w.data), tiled.data(), w.rows, w.cols);
+                be.upload(base + at, tiled.data(), tiled.size());
+                w.layout = weight_layout::q8_0_tiles;
+            } else {
+                be.upload(base + at, w.data, view_bytes(w));
+            }
             w.data = base + at;
             at += aligned(view_bytes(w));
         },

@@ -2,7 +2,9 @@
 // flash (random weights of those shapes, rotated over more than the L2), for MXFP4, Q8_0 and BF16
 // at batch 1, 2 and 4, as a fraction of the device-to-device copy bandwidth measured in the same
 // run (read + write bytes per second), with cuBLAS BF16 on the same shapes beside them.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,21 @@ int run(const cli::args& a) {
     if (!rounds) return usage_error(kName, rounds.message());
     if (*rounds < 3) return usage_error(kName, "--rounds must be >= 3");
     const std::string only = a.get_or("shapes", "mini,flash");
+    std::vector<int64_t> batches;
+    {
+        const std::string list = a.get_or("batches", "1,2,4");
+        size_t at = 0;
+        while (at <= list.size()) {
+            const size_t end = std::min(list.find(',', at), list.size());
+            const std::string item = list.substr(at, end - at);
+            char* stop = nullptr;
+            const long long v = std::strtoll(item.c_str(), &stop, 10);
+            if (item.empty() || *stop != '\0' || v < 1 || v > 4096)
+                return usage_error(kName, "--batches takes x row counts from 1 to 4096, comma-separated");
+            batches.push_back(v);
+            at = end + 1;
+        }
+    }
     auto be = cuda::make_backend({});
     if (!be) return fail(kName, be.message());
     backend& gpu = **be;
@@ -79,10 +96,13 @@ int run(const cli::args& a) {
             if (tiles) kinds.push_back({ggml_type::mxfp4, weight_layout::mxfp4_tiles, "MXFP4 tiles"});
             kinds.push_back({ggml_type::mxfp4, weight_layout::rows, "MXFP4 rows"});
         }
+        // Q8_0 as the dense weights' upload keeps them on this backend (tiled, the tensor-core
+        // kernels) and in the file's rows (the CUDA-core kernel).
+        if (gpu.tiles_q8_0()) kinds.push_back({ggml_type::q8_0, weight_layout::q8_0_tiles, "Q8_0 tiles"});
         kinds.push_back({ggml_type::q8_0, weight_layout::rows, "Q8_0"});
         kinds.push_back({ggml_type::bf16, weight_layout::rows, "BF16"});
         for (const kind& k : kinds)
-            for (int64_t n : {1, 2, 4}) {
+            for (int64_t n : batches) {
                 const ggml_type t = k.type;
                 const cuda::matmul_case c{t, s.rows, s.cols, s.jobs, s.pair, k.layout};
                 auto ours = cuda::matmul_seconds(gpu, c, n, int(*rounds));
@@ -128,11 +148,12 @@ const std::vector<cli::option_spec>& options() {
     static const std::vector<cli::option_spec> specs = {
         {"rounds", "N", "timed rounds per case, median reported (default 15)"},
         {"shapes", "LIST", "mini, flash or both (default mini,flash)"},
+        {"batches", "LIST", "x rows per matmul, comma-separated (default 1,2,4; prefill sizes time the GEMM kernels)"},
     };
     return specs;
 }
 
-const command kCommand{kName, "[--rounds N] [--shapes mini,flash]",
+const command kCommand{kName, "[--rounds N] [--shapes mini,flash] [--batches 1,2,4]",
                        "The CUDA matmul kernels on mini's and flash's expert and dense shapes (MXFP4, Q8_0, BF16 at "
                        "batch 1, 2, 4) as a fraction of the device-to-device copy bandwidth measured in the same run, "
                        "beside cuBLAS BF16 on the same shapes.",

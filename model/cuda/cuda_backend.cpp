@@ -46,6 +46,15 @@ bool mxfp4_tiles_enabled() {
     return on;
 }
 
+// MOESTREAM_Q8_TILES=0 uploads dense Q8_0 matrices in the file's rows (the CUDA-core kernel), for
+// A/B runs; the two layouts are different kernels and do not give the same bits.
+bool q8_0_tiles_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("MOESTREAM_Q8_TILES");
+        return !(v && v[0] == '0');
+    }();
+    return on;
+}
 
 std::string gib(size_t bytes) {
     char buf[32];
@@ -251,6 +260,7 @@ class cuda_backend final : public backend {
 
     // ---- weight layouts ----
     bool tiles_mxfp4() const override { return mxfp4_tiles_enabled(); }
+    bool tiles_q8_0() const override { return q8_0_tiles_enabled(); }
     void tile_mxfp4(std::span<const weight_view> matrices) override {
         MS_ASSERT_MSG(!capturing_, "tile_mxfp4() inside a captured step");
         check(kernels::tile_mxfp4(stream_, matrices, &stats_.launches), "tile_mxfp4");
@@ -274,7 +284,8 @@ class cuda_backend final : public backend {
         constexpr std::pair<ggml_type, weight_layout> kKinds[] = {
             {ggml_type::f32, weight_layout::rows},   {ggml_type::f16, weight_layout::rows},
             {ggml_type::bf16, weight_layout::rows},  {ggml_type::q8_0, weight_layout::rows},
-            {ggml_type::mxfp4, weight_layout::rows}, {ggml_type::mxfp4, weight_layout::mxfp4_tiles}};
+            {ggml_type::q8_0, weight_layout::q8_0_tiles}, {ggml_type::mxfp4, weight_layout::rows},
+            {ggml_type::mxfp4, weight_layout::mxfp4_tiles}};
         for (const auto& [type, layout] : kKinds) {
             mm_jobs_.clear();
             for (const auto& j : jobs) {
@@ -291,7 +302,8 @@ class cuda_backend final : public backend {
                 k.y_stride = j.y_stride;
                 k.n = int32_t(j.n);
                 k.flags = (j.round_bf16 ? kernels::kRound : 0u) | (j.router_scores ? kernels::kRouterScore : 0u) |
-                          (layout == weight_layout::mxfp4_tiles ? kernels::kTiles : 0u);
+                          (layout == weight_layout::mxfp4_tiles ? kernels::kTiles : 0u) |
+                          (layout == weight_layout::q8_0_tiles ? kernels::kQ8Tiles : 0u);
                 if (!j.up.empty()) {
                     MS_ASSERT_MSG(j.up.type == j.w.type && j.up.rows == j.w.rows && j.up.cols == j.w.cols &&
                                       j.up.row_stride == j.w.row_stride && j.up.layout == j.w.layout && j.u != nullptr,
@@ -321,6 +333,7 @@ class cuda_backend final : public backend {
             MS_ASSERT_MSG(j.n == 0 || ((j.w.type == ggml_type::f32 || j.w.type == ggml_type::f16 ||
                                         j.w.type == ggml_type::bf16 || j.w.type == ggml_type::q8_0) &&
                                        j.w.layout == weight_layout::rows) ||
+                              (j.w.type == ggml_type::q8_0 && j.w.layout == weight_layout::q8_0_tiles) ||
                               j.w.type == ggml_type::mxfp4,
                           "matmul: weight type without a CUDA kernel");
     }
@@ -405,6 +418,7 @@ class cuda_backend final : public backend {
         launch(kernels::rope(stream_, x, n, row_stride, n_heads, head_dim, rope_dim, pos, freqs, inverse), "rope");
     }
     void embed(const weight_view& table, const int32_t* tokens, int64_t n, int copies, float* out) override {
+        MS_ASSERT_MSG(table.layout == weight_layout::rows, "embed: a table in a matmul's tile layout");
         launch(kernels::embed(stream_, table.type, static_cast<const uint8_t*>(table.data), int64_t(table.row_stride),
                               table.cols, tokens, n, copies, out),
                "embed");

@@ -9,6 +9,7 @@
 
 #include "model/bf16.h"
 #include "model/cuda/cuda_backend.h"
+#include "model/q8_0_tiles.h"
 #include "model/quant.h"
 
 namespace moestream::cuda {
@@ -68,7 +69,15 @@ result<timing> copy_seconds(backend& be, size_t bytes, int rounds) {
 result<timing> matmul_seconds(backend& be, const matmul_case& c, int64_t n, int rounds, bool graph) {
     const int mats = c.jobs * (c.pair ? 2 : 1);
     const int sets = sets_for(weight_bytes(c));
-    const auto host = random_matrix(c.type, c.rows, c.cols);
+    auto host = random_matrix(c.type, c.rows, c.cols);
+    if (c.layout == weight_layout::q8_0_tiles) {
+        // Tiled on the host, as the dense weights' upload does.
+        if (!q8_0_tiles::tileable(c.rows, c.cols, row_bytes(dtype_info(c.type), c.cols)))
+            return make_error("this shape does not tile");
+        std::vector<uint8_t> tiled(host.size());
+        q8_0_tiles::tile_matrix(host.data(), tiled.data(), c.rows, c.cols);
+        host = std::move(tiled);
+    }
     case_buffers b;
     for (int i = 0; i < sets * mats; ++i) {
         b.w.emplace_back(be);

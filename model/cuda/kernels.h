@@ -38,9 +38,9 @@ struct mm_job {
     int64_t first_block = 0;  // the job's first thread block (a prefix sum over the launch's jobs)
     int32_t block_rows = 0;   // output rows per block (plan_matmul); MXFP4 tensor-core jobs: -tiles per block
 };
-// kTiles: MXFP4 weights in the tile layout (model/mxfp4_tiles.h); a launch's jobs are all tiled
-// or none is.
-inline constexpr uint32_t kRound = 1, kRouterScore = 2, kSwiglu = 4, kTiles = 8;
+// kTiles: MXFP4 weights in the tile layout (model/mxfp4_tiles.h); kQ8Tiles: Q8_0 weights in
+// theirs (model/q8_0_tiles.h). A launch's jobs are all tiled or none is.
+inline constexpr uint32_t kRound = 1, kRouterScore = 2, kSwiglu = 4, kTiles = 8, kQ8Tiles = 16;
 // Warps a thread block of the matmul kernel runs, the most output rows a block takes, and the
 // most x rows a group holds (its x rows are staged in shared memory: kChunkFloats floats per 32
 // columns).
@@ -74,6 +74,10 @@ struct matmul_plan {
     bool tiles = false;
     int64_t uniform_blocks = 0;
     int tile_warps = 16;  // warps a block of the tiled kernel (16: one block an SM; 8: two)
+    // Q8_0 launches of tiled jobs (matmul_q8.cuh): 1 the kernel that spreads a tile's slices
+    // over a block's warps (decode's few x rows), 2 the one whose warps take 16 x rows of their
+    // own tiles slice after slice (prefill). Both give the same bits.
+    int q8_kernel = 0;
 };
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs);
 // A launch's descriptors passed in the kernel's parameters instead of device memory (a stream

@@ -18,6 +18,7 @@
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
 #include "model/cuda/matmul_mma.cuh"
+#include "model/cuda/matmul_q8.cuh"
 
 namespace moestream::cuda::kernels {
 namespace {
@@ -357,6 +358,18 @@ __device__ __forceinline__ mma_place place_in(const mm_job& jb, int64_t local, i
     return p;
 }
 
+// The outputs of x row r0 + xr of fragment rows oA (vA) and oB (vB) of a tile (a pair's gate and
+// up row oA). Rows past the matrix are not stored.
+__device__ __forceinline__ void store_fragment_rows(const mm_job& jb, float vA, float vB, int64_t row, int64_t oA,
+                                                    int64_t oB, bool pair) {
+    if (pair) {
+        if (oA < jb.rows) store_output(jb, vA, vB, row, oA, true);
+    } else {
+        if (oA < jb.rows) store_output(jb, vA, 0.0f, row, oA, false);
+        if (oB < jb.rows) store_output(jb, vB, 0.0f, row, oB, false);
+    }
+}
+
 // A warp's outputs of an mma tile (compute_tile's or compute_tiles' `out`): lanes t < 2 hold x
 // rows 2t and 2t + 1 of fragment rows oA and oB (a pair's gate and up row oA), scaled back by
 // 2^(14 - s) of their x row. Rows past the matrix are not stored.
@@ -370,12 +383,7 @@ __device__ __forceinline__ void store_tile_outputs(const mm_job& jb, const float
         if (xr >= nr) continue;
         const int e = 14 - sexp[xr];
         const float vA = scalbnf(out[i], e), vB = scalbnf(out[2 + i], e);
-        if (pair) {
-            if (oA < jb.rows) store_output(jb, vA, vB, r0 + xr, oA, true);
-        } else {
-            if (oA < jb.rows) store_output(jb, vA, 0.0f, r0 + xr, oA, false);
-            if (oB < jb.rows) store_output(jb, vB, 0.0f, r0 + xr, oB, false);
-        }
+        store_fragment_rows(jb, vA, vB, r0 + xr, oA, oB, pair);
     }
 }
 
@@ -531,6 +539,224 @@ __global__ void __launch_bounds__(kWarps * kWarp, mma::kMmaWarps / kWarps)
     }
 }
 
+// ---- Q8_0 in the tile layout (matmul_q8.cuh: the arithmetic both kernels share) ----
+
+// Tiles of 16 fragment rows of a job (a SwiGLU pair's: 8 gate and the same 8 up rows).
+__host__ __device__ __forceinline__ int64_t q8_row_tiles(const mm_job& jb) {
+    const int64_t tile_rows = jb.up ? 8 : 16;
+    return (jb.rows + tile_rows - 1) / tile_rows;
+}
+// The decode kernel's tiles a block: its warps take one slice each of kWarps / slices tiles, or
+// (rows of kWarps slices or more) the slices of one tile in turn.
+__host__ __device__ __forceinline__ int q8_split_tiles(int64_t slices) {
+    return slices >= q8::kWarps ? 1 : int(q8::kWarps / slices);
+}
+// The strips of tile `tile`: a pair's gate and up strips, else two consecutive strips (the first
+// twice when the matrix ends after it: its second half is computed, never stored).
+__device__ __forceinline__ void q8_strips(const mm_job& jb, int64_t tile, const uint8_t*& A, const uint8_t*& B) {
+    const int64_t strip = q8_0_tiles::strip_bytes(jb.cols);
+    if (jb.up) {
+        A = jb.w + tile * strip;
+        B = jb.up + tile * strip;
+    } else {
+        A = jb.w + 2 * tile * strip;
+        B = (2 * tile + 1) * q8_0_tiles::kStripRows < jb.rows ? A + strip : A;
+    }
+}
+// Slice p's units of a row of `units`.
+__device__ __forceinline__ int q8_slice_units(int64_t p, int64_t units) {
+    const int64_t left = units - p * q8_0_tiles::kSliceUnits;
+    return int(left < q8_0_tiles::kSliceUnits ? left : q8_0_tiles::kSliceUnits);
+}
+
+// Decode (groups of up to 4 x rows): a block takes q8_split_tiles tiles of one group; warp w
+// computes slice w % slices of tile w / slices (or slices w, w + 8, ... of the block's one tile),
+// keeps each slice's value in shared memory, and after the block's barrier the slices' values
+// are added in order. Shared memory: each warp's slice of x, then the values [tile][slice][16][4].
+template <class Src>
+__global__ void __launch_bounds__(q8::kThreads, 1)
+    k_matmul_q8_split(const __grid_constant__ Src src, int n_jobs, bool staged_jobs) {
+    if (!staged_jobs) grid_dependency_prologue();
+    constexpr int NX = q8::kDecodeRows;
+    const mm_job* __restrict__ jobs = jobs_in(src);
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int sx[q8::kWarps][NX];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    const int64_t local = blk - jb.first_block;
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const bool pair = jb.up != nullptr;
+    const int P = int(q8_0_tiles::slices(jb.cols));
+    const int tpb = q8_split_tiles(P);
+    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + tpb - 1) / tpb;
+    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
+    const int64_t r0 = grp * NX;
+    const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
+    const int tib = P >= q8::kWarps ? 0 : warp / P;
+    const int p0 = P >= q8::kWarps ? warp : warp % P;
+    const int pstep = P >= q8::kWarps ? q8::kWarps : P;
+    const int64_t tile = tb * tpb + tib;
+    const bool active = tib < tpb && tile < row_tiles;
+    const int64_t units = jb.cols / q8_0_tiles::kUnitCols;
+    uint4* xs = reinterpret_cast<uint4*>(smem) + warp * q8::slice_x_uint4(NX);
+    float* values = reinterpret_cast<float*>(smem + size_t(q8::kWarps) * q8::slice_x_uint4(NX) * 16);
+    auto run_of = [&](int p) {
+        const int pn = p + pstep;
+        return q8::unit_run{int64_t(p) * q8_0_tiles::kSliceUnits,
+                            P >= q8::kWarps && pn < P ? int64_t(pn) * q8_0_tiles::kSliceUnits : -1,
+                            q8_slice_units(p, units)};
+    };
+    const uint8_t *A = nullptr, *B = nullptr;
+    q8::unit_regs buf[q8::kAhead];
+    if (active) {
+        q8_strips(jb, tile, A, B);
+        const q8::unit_run first = run_of(p0);
+#pragma unroll
+        for (int i = 0; i < q8::kAhead; ++i)
+            if (const int64_t u = first.after(i); u >= 0) q8::load_unit(buf[i], A, B, u, lane);
+    }
+    if (staged_jobs) grid_dependency_prologue();
+    if (active) {
+        int xo[1];
+        q8::lane_x_offsets<1>(nr, lane, xo);
+        const float* rows[NX];
+        int at[NX];
+#pragma unroll
+        for (int r = 0; r < NX; ++r) {
+            rows[r] = r < nr ? jb.x + (r0 + r) * jb.x_stride : nullptr;
+            at[r] = r < nr ? r : -1;
+        }
+        const int g = lane >> 2, t = lane & 3;
+        for (int p = p0; p < P; p += pstep) {
+            const q8::unit_run run = run_of(p);
+            q8::slice_x<NX> xv;
+            q8::load_slice_x<NX>(xv, rows, int64_t(p) * q8_0_tiles::kSliceCols, run.n * 4, lane);
+            int s[NX];
+            q8::store_slice_x<NX>(xv, at, NX, run.n * 4, xs, s, lane);
+            if (lane == 0)
+#pragma unroll
+                for (int r = 0; r < NX; ++r) sx[warp][r] = s[r];
+            __syncwarp();
+            float acc[1][4];
+            q8::slice_products<1>(buf, A, B, run, units - 1, xs, NX * 8, xo, 1, lane, acc);
+            float v[4];
+            q8::slice_value(acc[0], 0, lane, [&](int xr) { return sx[warp][xr]; }, v);
+            if (t < 2)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int xr = 2 * t + (i & 1);
+                    if (xr < nr) values[((int64_t(tib) * P + p) * 16 + (i < 2 ? g : g + 8)) * NX + xr] = v[i];
+                }
+            __syncwarp();  // the slice's x is read before the next one overwrites it
+        }
+    }
+    __syncthreads();
+    const int per_tile = pair ? 8 : 16;
+    for (int idx = int(threadIdx.x); idx < tpb * per_tile * NX; idx += q8::kThreads) {
+        const int ti = idx / (per_tile * NX), f = (idx / NX) % per_tile, xr = idx % NX;
+        const int64_t tl = tb * tpb + ti;
+        if (xr >= nr || tl >= row_tiles) continue;
+        auto total = [&](int fr) {
+            const float* q = values + (int64_t(ti) * P * 16 + fr) * NX + xr;
+            float sum = q[0];
+            for (int p = 1; p < P; ++p) sum = __fadd_rn(sum, q[p * 16 * NX]);
+            return sum;
+        };
+        if (pair) store_fragment_rows(jb, total(f), total(f + 8), r0 + xr, tl * 8 + f, 0, true);
+        else if (tl * 16 + f < jb.rows) store_output(jb, total(f), 0.0f, r0 + xr, tl * 16 + f, false);
+    }
+}
+
+// Prefill (groups of up to 16 x rows): a block takes kWarps tiles of one group, a tile a warp,
+// slice after slice: each slice's x is staged by every warp (two x rows each) while the slice
+// before is computed, in two buffers, and each slice's value is added to the warp's totals.
+template <class Src>
+__global__ void __launch_bounds__(q8::kThreads, 1)
+    k_matmul_q8_wide(const __grid_constant__ Src src, int n_jobs, bool staged_jobs) {
+    if (!staged_jobs) grid_dependency_prologue();
+    constexpr int NX = q8::kPrefillRows, NT = NX / 4;
+    const mm_job* __restrict__ jobs = jobs_in(src);
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int sexp[2][NX];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    const int64_t local = blk - jb.first_block;
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const bool pair = jb.up != nullptr;
+    const int P = int(q8_0_tiles::slices(jb.cols));
+    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + q8::kWarps - 1) / q8::kWarps;
+    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
+    const int64_t r0 = grp * NX;
+    const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
+    const int live = (nr + 3) / 4;
+    const int64_t tile = tb * q8::kWarps + warp;
+    const bool active = tile < row_tiles;
+    const int64_t units = jb.cols / q8_0_tiles::kUnitCols;
+    uint4* xs = reinterpret_cast<uint4*>(smem);  // two slices' buffers
+    const uint8_t *A = nullptr, *B = nullptr;
+    q8::unit_regs buf[q8::kAhead];
+    if (active) {
+        q8_strips(jb, tile, A, B);
+#pragma unroll
+        for (int i = 0; i < q8::kAhead; ++i)
+            if (i < units) q8::load_unit(buf[i], A, B, i, lane);
+    }
+    if (staged_jobs) grid_dependency_prologue();
+    // This warp's x rows to stage: warp and warp + kWarps of the group.
+    const float* rows[2];
+    int at[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = warp + h * q8::kWarps;
+        rows[h] = r < nr ? jb.x + (r0 + r) * jb.x_stride : nullptr;
+        at[h] = r < nr ? r : -1;
+    }
+    q8::slice_x<2> xv;
+    int s[2];
+    q8::load_slice_x<2>(xv, rows, 0, q8_slice_units(0, units) * 4, lane);
+    q8::store_slice_x<2>(xv, at, NX, q8_slice_units(0, units) * 4, xs, s, lane);
+    if (lane == 0) sexp[0][warp] = s[0], sexp[0][warp + q8::kWarps] = s[1];
+    int xo[NT];
+    q8::lane_x_offsets<NT>(nr, lane, xo);
+    float total[NT][4];
+    for (int p = 0; p < P; ++p) {
+        __syncthreads();
+        const bool more = p + 1 < P;
+        const int nb_next = more ? q8_slice_units(p + 1, units) * 4 : 0;
+        if (more) q8::load_slice_x<2>(xv, rows, int64_t(p + 1) * q8_0_tiles::kSliceCols, nb_next, lane);
+        if (active) {
+            const q8::unit_run run{int64_t(p) * q8_0_tiles::kSliceUnits,
+                                   more ? int64_t(p + 1) * q8_0_tiles::kSliceUnits : -1, q8_slice_units(p, units)};
+            float acc[NT][4];
+            q8::slice_products<NT>(buf, A, B, run, units - 1, xs + (p & 1) * q8::slice_x_uint4(NX), NX * 8, xo, live,
+                                   lane, acc);
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                if (j >= live) break;
+                float v[4];
+                q8::slice_value(acc[j], j, lane, [&](int xr) { return sexp[p & 1][xr]; }, v);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) total[j][i] = p == 0 ? v[i] : __fadd_rn(total[j][i], v[i]);
+            }
+        }
+        if (more) {
+            q8::store_slice_x<2>(xv, at, NX, nb_next, xs + ((p + 1) & 1) * q8::slice_x_uint4(NX), s, lane);
+            if (lane == 0) sexp[(p + 1) & 1][warp] = s[0], sexp[(p + 1) & 1][warp + q8::kWarps] = s[1];
+        }
+    }
+    if (!active) return;
+    const int g = lane >> 2, t = lane & 3;
+    if (t >= 2) return;
+    const int64_t oA = pair ? tile * 8 + g : tile * 16 + g, oB = tile * 16 + 8 + g;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int xr = 4 * j + 2 * t + i;
+            if (j < live && xr < nr) store_fragment_rows(jb, total[j][i], total[j][2 + i], r0 + xr, oA, oB, pair);
+        }
+}
+
 // Raises kernel K's dynamic shared memory limit to `limit` once (per kernel: K is a template
 // argument), when a launch needs more than the default 48 KiB.
 template <auto K>
@@ -594,6 +820,22 @@ cudaError_t launch_mxfp4(cudaStream_t s, const Src& src, int n_jobs, unsigned bl
 }
 
 template <class Src>
+cudaError_t launch_q8_tiles(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, const matmul_plan& plan,
+                            bool staged_jobs) {
+    const size_t shared = plan.shared;
+    if (shared > mma::kMmaSharedMax) return cudaErrorInvalidValue;
+    if (plan.q8_kernel == 1) {
+        if (const cudaError_t e = opt_in_shared<k_matmul_q8_split<Src>>(shared, mma::kMmaSharedMax); e != cudaSuccess)
+            return e;
+        return launch_kernel(s, k_matmul_q8_split<Src>, dim3(blocks), dim3(q8::kThreads), shared, src, n_jobs,
+                             staged_jobs);
+    }
+    if (const cudaError_t e = opt_in_shared<k_matmul_q8_wide<Src>>(shared, mma::kMmaSharedMax); e != cudaSuccess)
+        return e;
+    return launch_kernel(s, k_matmul_q8_wide<Src>, dim3(blocks), dim3(q8::kThreads), shared, src, n_jobs, staged_jobs);
+}
+
+template <class Src>
 cudaError_t launch_planned(cudaStream_t s, ggml_type type, const Src& src, int n_jobs, unsigned blocks,
                            const matmul_plan& plan, bool staged_jobs) {
     const size_t shared = plan.shared;
@@ -601,7 +843,9 @@ cudaError_t launch_planned(cudaStream_t s, ggml_type type, const Src& src, int n
         case ggml_type::f32: return launch_matmul<ggml_type::f32>(s, src, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::f16: return launch_matmul<ggml_type::f16>(s, src, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::bf16: return launch_matmul<ggml_type::bf16>(s, src, n_jobs, blocks, shared, staged_jobs);
-        case ggml_type::q8_0: return launch_matmul<ggml_type::q8_0>(s, src, n_jobs, blocks, shared, staged_jobs);
+        case ggml_type::q8_0:
+            return plan.q8_kernel ? launch_q8_tiles(s, src, n_jobs, blocks, plan, staged_jobs)
+                                  : launch_matmul<ggml_type::q8_0>(s, src, n_jobs, blocks, shared, staged_jobs);
         case ggml_type::mxfp4:
             return plan.tiles ? launch_mxfp4_tiles(s, src, n_jobs, blocks, shared, plan, staged_jobs)
                               : launch_mxfp4(s, src, n_jobs, blocks, shared, plan.mxfp4_ring);
@@ -746,10 +990,49 @@ matmul_plan plan_mxfp4(mm_job* jobs, int n_jobs) {
     return p;
 }
 
+// Tiled Q8_0 (every job of the launch): the decode kernel while every job's x rows fit two of its
+// groups (MOESTREAM_Q8_SPLIT_ROWS), else the prefill kernel; -1 blocks when a job is not tiled.
+// The kernels give the same bits, so the choice is speed's alone.
+matmul_plan plan_q8_tiles(mm_job* jobs, int n_jobs) {
+    static const int64_t split_rows = [] {
+        const char* v = std::getenv("MOESTREAM_Q8_SPLIT_ROWS");
+        return v ? int64_t(std::atoi(v)) : int64_t(2 * q8::kDecodeRows);
+    }();
+    matmul_plan p;
+    int64_t most = 0;
+    for (int i = 0; i < n_jobs; ++i) {
+        const mm_job& j = jobs[i];
+        if (!(j.flags & kQ8Tiles) || !q8_0_tiles::tileable(j.rows, j.cols, j.row_bytes)) return {-1, 0};
+        most = j.n > most ? j.n : most;
+    }
+    p.q8_kernel = most <= split_rows ? 1 : 2;
+    for (int i = 0; i < n_jobs; ++i) {
+        mm_job& j = jobs[i];
+        const int64_t P = q8_0_tiles::slices(j.cols), row_tiles = q8_row_tiles(j);
+        size_t shared;
+        int64_t b;
+        if (p.q8_kernel == 1) {
+            const int tpb = q8_split_tiles(P);
+            b = ((j.n + q8::kDecodeRows - 1) / q8::kDecodeRows) * ((row_tiles + tpb - 1) / tpb);
+            shared = size_t(q8::kWarps) * q8::slice_x_uint4(q8::kDecodeRows) * 16 +
+                     size_t(tpb) * size_t(P) * 16 * q8::kDecodeRows * sizeof(float);
+        } else {
+            b = ((j.n + q8::kPrefillRows - 1) / q8::kPrefillRows) * ((row_tiles + q8::kWarps - 1) / q8::kWarps);
+            shared = 2 * size_t(q8::slice_x_uint4(q8::kPrefillRows)) * 16;
+        }
+        j.first_block = p.blocks;
+        j.block_rows = 0;
+        p.blocks += b;
+        if (shared > p.shared) p.shared = shared;
+    }
+    return p;
+}
+
 }  // namespace
 
 matmul_plan plan_matmul(ggml_type type, mm_job* jobs, int n_jobs) {
     if (type == ggml_type::mxfp4) return plan_mxfp4(jobs, n_jobs);
+    if (type == ggml_type::q8_0 && n_jobs > 0 && (jobs[0].flags & kQ8Tiles)) return plan_q8_tiles(jobs, n_jobs);
     matmul_plan p;
     int64_t blocks = 0;
     for (int i = 0; i < n_jobs; ++i) {

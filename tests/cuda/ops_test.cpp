@@ -14,6 +14,7 @@
 #include "gpu_support.h"
 #include "model/attention_keys.h"
 #include "model/mxfp4_tiles.h"
+#include "model/q8_0_tiles.h"
 #include "model/quant.h"
 
 namespace moestream::test {
@@ -245,6 +246,95 @@ BOOST_AUTO_TEST_CASE(tiled_mxfp4_gives_the_rows_kernels_bits) {
             const out mixed = run(tg, tu, plain.on_gpu);
             REQUIRE_BITS_EQUAL(mixed.g, want.g);
             REQUIRE_BITS_EQUAL(mixed.p, want.p);
+        }
+    }
+}
+
+// Dense Q8_0 in the tile layout (model/q8_0_tiles.h; tiled on the host, as the weights' upload
+// does) through the tensor-core kernels (matmul_q8.cuh): a SwiGLU pair and a plain job in one
+// launch against the CPU row by row, x rows of very different magnitudes, rows of 1 to 16
+// slices (the last one short for 896, 1280 and 2304 columns) and a plain tile's second strip
+// missing (rows a multiple of 8, not 16); every x row alone (the decode kernel) gives its bits in
+// batches that run the decode kernel (n <= 8) and the prefill one (n > 8); a view of whole strips
+// of a tiled matrix (as the grouped output projection slices its weights) gives those rows' bits.
+BOOST_AUTO_TEST_CASE(tiled_q8_0_matmul_matches_cpu_and_ignores_the_batch_and_the_kernel) {
+    struct shape {
+        int64_t rows, cols;
+    };
+    uint32_t seed = 1100;
+    for (auto [rows, cols] : {shape{200, 5120}, shape{296, 4096}, shape{152, 2304}, shape{72, 1152}, shape{8, 128},
+                              shape{24, 896}, shape{40, 8192}, shape{16, 1280}}) {
+        const weights_pair gate = make_weights(ggml_type::q8_0, rows, cols, ++seed);
+        const weights_pair up = make_weights(ggml_type::q8_0, rows, cols, ++seed);
+        const weights_pair plain = make_weights(ggml_type::q8_0, rows, cols, ++seed);
+        BOOST_TEST_REQUIRE(q8_0_tiles::tileable(rows, cols, int64_t(gate.on_gpu.row_stride)));
+        const size_t bytes = size_t(rows) * gate.on_gpu.row_stride;
+        std::vector<backend_array<uint8_t>> copies;
+        auto tiled = [&](const weights_pair& w) {
+            std::vector<uint8_t> t(bytes);
+            q8_0_tiles::tile_matrix(w.host.data(), t.data(), rows, cols);
+            copies.push_back(put(gpu(), t));
+            weight_view v = weight_view::contiguous(copies.back().data(), ggml_type::q8_0, cols, rows);
+            v.layout = weight_layout::q8_0_tiles;
+            return v;
+        };
+        const weight_view tg = tiled(gate), tu = tiled(up), tp = tiled(plain);
+        for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 16, 17, 33}) {
+            const int64_t stride = cols + 16;
+            const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
+            const auto rw = float_values(size_t(n), ++seed);
+            struct out {
+                std::vector<float> g, u, p;
+            };
+            // Rows [r0, r0 + m) of x through the pair and the plain job in one launch.
+            auto run = [&](backend& be, const weight_view& wg, const weight_view& wu, const weight_view& wp, int64_t r0,
+                           int64_t m) {
+                auto xa = put(be, x), wa = put(be, rw);
+                backend_array<float> g(be, size_t(m * rows)), u(be, size_t(m * rows)), pl(be, size_t(m * rows));
+                matmul_job pair{wg, xa.data() + r0 * stride, stride, m, g.data(), rows, false};
+                pair.up = wu;
+                pair.u = u.data();
+                pair.u_stride = rows;
+                pair.swiglu_limit = 7.0f;
+                pair.swiglu_w = wa.data() + r0;
+                const matmul_job job{wp, xa.data() + r0 * stride, stride, m, pl.data(), rows, false};
+                const std::vector<matmul_job> jobs{pair, job};
+                be.matmul_batch(jobs);
+                return out{get(be, g), get(be, u), get(be, pl)};
+            };
+            const out want = run(cpu(), gate.on_cpu, up.on_cpu, plain.on_cpu, 0, n);
+            const out got = run(gpu(), tg, tu, tp, 0, n);
+            auto row_of = [&](const std::vector<float>& v, int64_t r) {
+                return std::vector<float>(v.begin() + r * rows, v.begin() + (r + 1) * rows);
+            };
+            for (int64_t r = 0; r < n; ++r) {
+                const double eu = rel_error(row_of(got.u, r), row_of(want.u, r));
+                const double ep = rel_error(row_of(got.p, r), row_of(want.p, r));
+                const double eg = rel_error(row_of(got.g, r), row_of(want.g, r));
+                BOOST_TEST(eu <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": up rel error " << eu);
+                BOOST_TEST(ep <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": rel error " << ep);
+                // SwiGLU rounds to bf16: a flipped rounding is 2^-8 of a value.
+                BOOST_TEST(eg <= 1e-2, rows << "x" << cols << " n " << n << " row " << r << ": swiglu rel error " << eg);
+            }
+            for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 4)) {
+                const out alone = run(gpu(), tg, tu, tp, r, 1);
+                REQUIRE_BITS_EQUAL(alone.g, row_of(got.g, r));
+                REQUIRE_BITS_EQUAL(alone.u, row_of(got.u, r));
+                REQUIRE_BITS_EQUAL(alone.p, row_of(got.p, r));
+            }
+            if (rows >= 16 && (n == 3 || n == 17)) {
+                // Strips 1.. of the plain matrix as a view of their own.
+                const weight_view part = tp.slice_rows(8, rows - 8);
+                auto xa = put(gpu(), x);
+                backend_array<float> y(gpu(), size_t(n * (rows - 8)));
+                gpu().matmul(part, xa.data(), stride, n, y.data(), rows - 8, false);
+                const auto v = get(gpu(), y);
+                for (int64_t r = 0; r < n; ++r) {
+                    const auto full = row_of(got.p, r);
+                    REQUIRE_BITS_EQUAL(std::vector<float>(v.begin() + r * (rows - 8), v.begin() + (r + 1) * (rows - 8)),
+                                       std::vector<float>(full.begin() + 8, full.end()));
+                }
+            }
         }
     }
 }
