@@ -74,6 +74,7 @@ struct matmul_plan {
     bool tiles = false;
     int64_t uniform_blocks = 0;
     int tile_warps = 16;  // warps a block of the tiled kernel (16: one block an SM; 8: two)
+    bool tiles_wide = false;  // tiled MXFP4 with many x rows: the prefill kernel (the same bits)
     // Q8_0 launches of tiled jobs (matmul_q8.cuh): 1 the kernel that spreads a tile's slices
     // over a block's warps (decode's few x rows), 2 the one whose warps take 16 x rows of their
     // own tiles slice after slice (prefill). Both give the same bits.

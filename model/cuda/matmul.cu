@@ -574,7 +574,7 @@ __device__ __forceinline__ int q8_slice_units(int64_t p, int64_t units) {
 // keeps each slice's value in shared memory, and after the block's barrier the slices' values
 // are added in order. Shared memory: each warp's slice of x, then the values [tile][slice][16][4].
 template <class Src>
-__global__ void __launch_bounds__(q8::kThreads, 1)
+__global__ void __launch_bounds__(q8::kThreads, 2)
     k_matmul_q8_split(const __grid_constant__ Src src, int n_jobs, bool staged_jobs) {
     if (!staged_jobs) grid_dependency_prologue();
     constexpr int NX = q8::kDecodeRows;
@@ -629,13 +629,17 @@ __global__ void __launch_bounds__(q8::kThreads, 1)
         const int g = lane >> 2, t = lane & 3;
         for (int p = p0; p < P; p += pstep) {
             const q8::unit_run run = run_of(p);
-            q8::slice_x<NX> xv;
-            q8::load_slice_x<NX>(xv, rows, int64_t(p) * q8_0_tiles::kSliceCols, run.n * 4, lane);
-            int s[NX];
-            q8::store_slice_x<NX>(xv, at, NX, run.n * 4, xs, s, lane);
-            if (lane == 0)
+            // Two x rows at a time (registers: two blocks an SM).
 #pragma unroll
-                for (int r = 0; r < NX; ++r) sx[warp][r] = s[r];
+            for (int h = 0; h < NX; h += 2) {
+                const float* pair_rows[2] = {rows[h], rows[h + 1]};
+                const int pair_at[2] = {at[h], at[h + 1]};
+                q8::slice_x<2> xv;
+                q8::load_slice_x<2>(xv, pair_rows, int64_t(p) * q8_0_tiles::kSliceCols, run.n * 4, lane);
+                int s[2];
+                q8::store_slice_x<2>(xv, pair_at, NX, run.n * 4, xs, s, lane);
+                if (lane == 0) sx[warp][h] = s[0], sx[warp][h + 1] = s[1];
+            }
             __syncwarp();
             float acc[1][4];
             q8::slice_products<1>(buf, A, B, run, units - 1, xs, NX * 8, xo, 1, lane, acc);
@@ -757,6 +761,123 @@ __global__ void __launch_bounds__(q8::kThreads, 1)
         }
 }
 
+// ---- tiled MXFP4, prefill ----
+
+// One unit of a warp's tiled strips against NT n8 tiles of x (the first `live` hold x rows): each
+// block's fragments decoded once for all of them (mma::tile_unit_products' products and order).
+template <int NT>
+__device__ __forceinline__ void tiles_unit_products_wide(const mma::tile_unit_regs& c, const uint4* xb, int xblock,
+                                                         const int (&xo)[NT], int live, float (&acc)[NT][4]) {
+    const uint32_t wa[4] = {c.a.x, c.a.y, c.a.z, c.a.w}, wb[4] = {c.b.x, c.b.y, c.b.z, c.b.w};
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+        const auto fA = mxfp4_tiles::fragments_of_tiled(wa[jj]), fB = mxfp4_tiles::fragments_of_tiled(wb[jj]);
+        const float sA = mma::block_scale(c.sa, jj), sB = mma::block_scale(c.sb, jj);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+            if (j < live) mma::block_products(fA.d, fB.d, sA, sB, xb[jj * xblock + xo[j]], acc[j]);
+    }
+}
+
+// Tiled MXFP4 jobs with many x rows (a prefill's experts): k_matmul_mxfp4_tiles' arithmetic (each
+// x row's exponent from its whole row, the blocks' products added in order over the whole row,
+// hi and lo added at the end), so the same bits, in k_matmul_q8_wide's shape: a block takes
+// kWarps tiles of a group of 16 x rows, a tile a warp, reading each unit's weights once for the
+// 16 rows; x staged slice by slice (512 columns) in two buffers while the slice before is
+// computed. The x rows' exponents come first (each warp's two rows read whole).
+template <class Src>
+__global__ void __launch_bounds__(q8::kThreads, 1)
+    k_matmul_mxfp4_tiles_wide(const __grid_constant__ Src src, int n_jobs, bool staged_jobs) {
+    if (!staged_jobs) grid_dependency_prologue();
+    constexpr int NX = q8::kPrefillRows, NT = NX / 4;
+    const mm_job* __restrict__ jobs = jobs_in(src);
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ int sexp[NX];
+    const int64_t blk = blockIdx.x;
+    const mm_job& jb = find_job(jobs, n_jobs, blk);
+    const int64_t local = blk - jb.first_block;
+    const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+    const bool pair = jb.up != nullptr;
+    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + q8::kWarps - 1) / q8::kWarps;
+    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
+    const int64_t r0 = grp * NX;
+    const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
+    const int live = (nr + 3) / 4;
+    const int64_t tile = tb * q8::kWarps + warp;
+    const bool active = tile < row_tiles;
+    const int64_t units = jb.cols / (32 * mxfp4_tiles::kUnitBlocks);
+    const int64_t slice_units = q8_0_tiles::kSliceUnits;
+    const int P = int((units + slice_units - 1) / slice_units);
+    const int64_t strip = mxfp4_tiles::strip_bytes(jb.cols);
+    const uint8_t *A = jb.w, *B = jb.w;
+    if (pair) {
+        A = jb.w + tile * strip;
+        B = jb.up + tile * strip;
+    } else {
+        A = jb.w + 2 * tile * strip;
+        B = (2 * tile + 1) * mxfp4_tiles::kStripRows < jb.rows ? A + strip : A;
+    }
+    mma::tile_unit_regs buf[mma::kTileAhead];
+    if (active) mma::prefetch_tiles(buf, A, B, units, lane);
+    if (staged_jobs) grid_dependency_prologue();
+    const float* rows[2];
+    int at[2], s[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = warp + h * q8::kWarps;
+        rows[h] = r < nr ? jb.x + (r0 + r) * jb.x_stride : nullptr;
+        at[h] = r < nr ? r : -1;
+        float m = 0.0f;
+        if (rows[h])
+            for (int64_t e = lane; e < jb.cols; e += kWarp) m = fmaxf(m, fabsf(__ldg(rows[h] + e)));
+        s[h] = q8::x_exponent(warp_max(m));
+    }
+    if (lane == 0) sexp[warp] = s[0], sexp[warp + q8::kWarps] = s[1];
+    auto slice_blocks = [&](int p) { return q8_slice_units(p, units) * 4; };
+    uint4* xs = reinterpret_cast<uint4*>(smem);
+    q8::slice_x<2> xv;
+    q8::load_slice_x<2>(xv, rows, 0, slice_blocks(0), lane);
+    q8::store_slice_x_scaled<2>(xv, at, NX, slice_blocks(0), xs, s, lane);
+    int xo[NT];
+    q8::lane_x_offsets<NT>(nr, lane, xo);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int p = 0; p < P; ++p) {
+        __syncthreads();
+        const bool more = p + 1 < P;
+        if (more) q8::load_slice_x<2>(xv, rows, int64_t(p + 1) * q8_0_tiles::kSliceCols, slice_blocks(p + 1), lane);
+        if (active) {
+            const uint4* xp = xs + (p & 1) * q8::slice_x_uint4(NX);
+            const int64_t u0 = int64_t(p) * slice_units;
+            const int n = q8_slice_units(p, units);
+            for (int k = 0; k < n; k += mma::kTileAhead) {
+#pragma unroll
+                for (int i = 0; i < mma::kTileAhead; ++i) {
+                    if (k + i >= n) break;
+                    const mma::tile_unit_regs c = buf[i];
+                    const int64_t ahead = u0 + k + i + mma::kTileAhead;
+                    if (ahead < units) mma::load_tile_unit(buf[i], A, B, ahead, lane);
+                    tiles_unit_products_wide<NT>(c, xp + (k + i) * 4 * (NX * 8), NX * 8, xo, live, acc);
+                }
+            }
+        }
+        if (more)
+            q8::store_slice_x_scaled<2>(xv, at, NX, slice_blocks(p + 1), xs + ((p + 1) & 1) * q8::slice_x_uint4(NX), s,
+                                        lane);
+    }
+    if (!active) return;
+    const int g = lane >> 2;
+    const int64_t oA = pair ? tile * 8 + g : tile * 16 + g, oB = tile * 16 + 8 + g;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        float out[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[i] = __fadd_rn(acc[j][i], __shfl_xor_sync(kFullMask, acc[j][i], 2));
+        if (j < live) store_tile_outputs(jb, out, sexp + 4 * j, r0 + 4 * j, nr - 4 * j, oA, oB, pair, lane);
+    }
+}
+
 // Raises kernel K's dynamic shared memory limit to `limit` once (per kernel: K is a template
 // argument), when a launch needs more than the default 48 KiB.
 template <auto K>
@@ -800,6 +921,14 @@ cudaError_t launch_mxfp4_tiles_kernel(cudaStream_t s, const Src& src, int n_jobs
 template <class Src>
 cudaError_t launch_mxfp4_tiles(cudaStream_t s, const Src& src, int n_jobs, unsigned blocks, size_t shared,
                                const matmul_plan& plan, bool staged_jobs) {
+    if (plan.tiles_wide) {
+        if (shared > kMxfp4SharedMax) return cudaErrorInvalidValue;
+        if (const cudaError_t e = opt_in_shared<k_matmul_mxfp4_tiles_wide<Src>>(shared, kMxfp4SharedMax);
+            e != cudaSuccess)
+            return e;
+        return launch_kernel(s, k_matmul_mxfp4_tiles_wide<Src>, dim3(blocks), dim3(q8::kThreads), shared, src, n_jobs,
+                             staged_jobs);
+    }
     switch (plan.tile_warps) {
         case 8: return launch_mxfp4_tiles_kernel<Src, 8>(s, src, n_jobs, blocks, shared, plan.uniform_blocks, staged_jobs);
         case mma::kMmaWarps:
@@ -921,7 +1050,7 @@ int64_t plan_mma_job(mm_job& j, int64_t per_block) {
 matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
     matmul_plan p;
     p.tiles = true;
-    int64_t tiles = 0;
+    int64_t tiles = 0, most = 0;
     for (int i = 0; i < n_jobs; ++i) {
         const mm_job& j = jobs[i];
         if (!(j.flags & kTiles) || !mxfp4_tiles::tileable(j.rows, j.cols, j.row_bytes) ||
@@ -930,6 +1059,25 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
         tiles += mma_tiles(j);
         const size_t sh = mma::mma_x_bytes(j.cols, j.n);
         if (sh > p.shared) p.shared = sh;
+        most = j.n > most ? j.n : most;
+    }
+    // Many x rows (a prefill's experts): the kernel that reads a unit once for 16 of them (the
+    // same bits). MOESTREAM_MXFP4_WIDE_ROWS: the most x rows a job may have for the other one.
+    static const int64_t narrow_rows = [] {
+        const char* v = std::getenv("MOESTREAM_MXFP4_WIDE_ROWS");
+        return v ? int64_t(std::atoi(v)) : int64_t(2 * q8::kDecodeRows);
+    }();
+    if (most > narrow_rows) {
+        p.tiles_wide = true;
+        p.shared = 2 * size_t(q8::slice_x_uint4(q8::kPrefillRows)) * 16;
+        for (int i = 0; i < n_jobs; ++i) {
+            mm_job& j = jobs[i];
+            j.first_block = p.blocks;
+            j.block_rows = 0;
+            p.blocks += ((j.n + q8::kPrefillRows - 1) / q8::kPrefillRows) *
+                        ((q8_row_tiles(j) + q8::kWarps - 1) / q8::kWarps);
+        }
+        return p;
     }
     // Blocks of tile_warps warps, kMmaWarps / tile_warps of them an SM.
     static const int warps = [] {

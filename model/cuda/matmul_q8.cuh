@@ -168,21 +168,18 @@ __device__ __forceinline__ void load_slice_x(slice_x<R>& sx, const float* const 
         }
 }
 
-// Stores the loaded rows as layout rows at[r] (of nxs) and returns each row's exponent s (every
-// lane the same).
+// The exponent s of values whose max |x| is m: max |x| 2^s in [2^14, 2^15); zeros (and inf/NaN)
+// keep s = 0 (matmul_mma.cuh's stage_x: the same formula).
+__device__ __forceinline__ int x_exponent(float m) { return (m > 0.0f && m <= 3.402823466e38f) ? 14 - ilogbf(m) : 0; }
+
+// Stores the loaded rows as layout rows at[r] (of nxs; none where at[r] < 0), each scaled by
+// 2^sexp[r] and split into hi and lo. The x staging of the tiled MXFP4 prefill kernel too.
 template <int R>
-__device__ __forceinline__ void store_slice_x(const slice_x<R>& sx, const int (&at)[R], int nxs, int nb, uint4* xs,
-                                              int (&sexp)[R], int lane) {
+__device__ __forceinline__ void store_slice_x_scaled(const slice_x<R>& sx, const int (&at)[R], int nxs, int nb,
+                                                     uint4* xs, const int (&sexp)[R], int lane) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        float m = 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(sx.v[r][h][k]));
-        m = warp_max(m);
-        const int s = (m > 0.0f && m <= 3.402823466e38f) ? 14 - ilogbf(m) : 0;
-        sexp[r] = s;
+        const int s = sexp[r];
         if (at[r] < 0) continue;
         const int s1 = s / 2, s2 = s - s1;  // |s1|, |s2| <= 82: two exact steps
         const float f1 = mma::pow2f(s1), f2 = mma::pow2f(s2);
@@ -206,6 +203,23 @@ __device__ __forceinline__ void store_slice_x(const slice_x<R>& sx, const int (&
             dst[4] = lv;
         }
     }
+}
+
+// The same with each row's exponent from the slice's own max |x|, returned in sexp (every lane
+// the same): the Q8_0 kernels' slices.
+template <int R>
+__device__ __forceinline__ void store_slice_x(const slice_x<R>& sx, const int (&at)[R], int nxs, int nb, uint4* xs,
+                                              int (&sexp)[R], int lane) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float m = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int k = 0; k < 8; ++k) m = fmaxf(m, fabsf(sx.v[r][h][k]));
+        sexp[r] = x_exponent(warp_max(m));
+    }
+    store_slice_x_scaled<R>(sx, at, nxs, nb, xs, sexp, lane);
 }
 
 // Lane (g, t)'s x offsets (uint4, within a block) of its NT n8 tiles: tile j's column g is x row

@@ -190,8 +190,9 @@ BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch)
 // The tile layout (model/mxfp4_tiles.h): the tiler's bytes are the host reference's, and the
 // tiled kernel gives the rows kernel's bits (the same fragments, products and order) for a
 // SwiGLU pair and a plain job, rows a multiple of 8 but not of 16 (a plain tile's second strip
-// missing), x rows of very different magnitudes and batches over one and two groups; a batch
-// with tiled and untiled jobs gives each its own kernel's bits.
+// missing), x rows of very different magnitudes and batches over one and two groups, and over
+// more than 8 x rows (the prefill kernel, 16 x rows a group); a batch with tiled and untiled jobs
+// gives each its own kernel's bits.
 BOOST_AUTO_TEST_CASE(tiled_mxfp4_gives_the_rows_kernels_bits) {
     struct shape {
         int64_t rows, cols;
@@ -217,7 +218,7 @@ BOOST_AUTO_TEST_CASE(tiled_mxfp4_gives_the_rows_kernels_bits) {
             return v;
         };
         const weight_view tg = tiled(gate), tu = tiled(up), tp = tiled(plain);
-        for (int64_t n : {1, 2, 3, 4, 5, 8, 9}) {
+        for (int64_t n : {1, 2, 3, 4, 5, 8, 9, 17, 40}) {
             const int64_t stride = cols + 16;
             const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
             const auto rw = float_values(size_t(n), ++seed);
