@@ -487,6 +487,21 @@ __device__ __forceinline__ void tiles_warp(const mm_job& jb, mma::tile_unit_regs
     store_tile_outputs(jb, out, sexp, r0, NR, pair ? tile * 8 + g : tile * 16 + g, tile * 16 + 8 + g, pair, lane);
 }
 
+// The strips (8 rows, `strip` bytes each: both tile layouts) of a tiled job's 16-row tile `tile`:
+// a pair's gate and up strips, else two consecutive strips (the first twice when the matrix ends
+// after it: its second half is computed, never stored).
+__device__ __forceinline__ void tile_strips(const mm_job& jb, int64_t tile, int64_t strip, const uint8_t*& A,
+                                            const uint8_t*& B) {
+    static_assert(mxfp4_tiles::kStripRows == 8 && q8_0_tiles::kStripRows == 8);
+    if (jb.up) {
+        A = jb.w + tile * strip;
+        B = jb.up + tile * strip;
+    } else {
+        A = jb.w + 2 * tile * strip;
+        B = (2 * tile + 1) * 8 < jb.rows ? A + strip : A;
+    }
+}
+
 // MXFP4 launches whose jobs are all tiled (model/mxfp4_tiles.h; kTiles): the mma path's tiles,
 // groups and products (mma::compute_tiles), the weights loaded straight into registers. With
 // host-staged descriptors a warp's first units are loaded before the kernel waits for its
@@ -511,17 +526,9 @@ __global__ void __launch_bounds__(kWarps * kWarp, mma::kMmaWarps / kWarps)
     const bool pair = at.pair, active = at.active;
     const int64_t r0 = at.r0, tile = at.tile;
     const int nr = at.nr;
-    // The tile's strips: a pair's gate and up strips, else two consecutive strips (the first
-    // twice when the matrix ends after it: its second half is computed, never stored).
-    const int64_t strip = mxfp4_tiles::strip_bytes(jb.cols), units = jb.cols / (32 * mxfp4_tiles::kUnitBlocks);
+    const int64_t units = jb.cols / (32 * mxfp4_tiles::kUnitBlocks);
     const uint8_t *A = jb.w, *B = jb.w;
-    if (pair) {
-        A = jb.w + tile * strip;
-        B = jb.up + tile * strip;
-    } else {
-        A = jb.w + 2 * tile * strip;
-        B = (2 * tile + 1) * mxfp4_tiles::kStripRows < jb.rows ? A + strip : A;
-    }
+    tile_strips(jb, tile, mxfp4_tiles::strip_bytes(jb.cols), A, B);
     mma::tile_unit_regs buf[mma::kTileAhead];
     if (active) {
         mma::prefetch_tiles(buf, A, B, units, lane);
@@ -542,7 +549,7 @@ __global__ void __launch_bounds__(kWarps * kWarp, mma::kMmaWarps / kWarps)
 // ---- Q8_0 in the tile layout (matmul_q8.cuh: the arithmetic both kernels share) ----
 
 // Tiles of 16 fragment rows of a job (a SwiGLU pair's: 8 gate and the same 8 up rows).
-__host__ __device__ __forceinline__ int64_t q8_row_tiles(const mm_job& jb) {
+__host__ __device__ __forceinline__ int64_t job_row_tiles(const mm_job& jb) {
     const int64_t tile_rows = jb.up ? 8 : 16;
     return (jb.rows + tile_rows - 1) / tile_rows;
 }
@@ -551,18 +558,26 @@ __host__ __device__ __forceinline__ int64_t q8_row_tiles(const mm_job& jb) {
 __host__ __device__ __forceinline__ int q8_split_tiles(int64_t slices) {
     return slices >= q8::kWarps ? 1 : int(q8::kWarps / slices);
 }
-// The strips of tile `tile`: a pair's gate and up strips, else two consecutive strips (the first
-// twice when the matrix ends after it: its second half is computed, never stored).
-__device__ __forceinline__ void q8_strips(const mm_job& jb, int64_t tile, const uint8_t*& A, const uint8_t*& B) {
-    const int64_t strip = q8_0_tiles::strip_bytes(jb.cols);
-    if (jb.up) {
-        A = jb.w + tile * strip;
-        B = jb.up + tile * strip;
-    } else {
-        A = jb.w + 2 * tile * strip;
-        B = (2 * tile + 1) * q8_0_tiles::kStripRows < jb.rows ? A + strip : A;
-    }
+// Where warp `warp` of a prefill-shaped launch's block `local` (from its job's first) works: its
+// job's group of 16 x rows [r0, r0 + nr) (live: the n8 tiles holding rows) and its 16-row tile,
+// if any (a block takes kWarps consecutive tiles of one group).
+struct wide_place {
+    int64_t r0, tile;
+    int nr, live;
+    bool active;
+};
+__device__ __forceinline__ wide_place wide_place_in(const mm_job& jb, int64_t local, int warp) {
+    const int64_t row_tiles = job_row_tiles(jb), tile_blocks = (row_tiles + q8::kWarps - 1) / q8::kWarps;
+    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
+    wide_place p;
+    p.r0 = grp * q8::kPrefillRows;
+    p.nr = jb.n - p.r0 < q8::kPrefillRows ? int(jb.n - p.r0) : q8::kPrefillRows;
+    p.live = (p.nr + 3) / 4;
+    p.tile = tb * q8::kWarps + warp;
+    p.active = p.tile < row_tiles;
+    return p;
 }
+
 // Slice p's units of a row of `units`.
 __device__ __forceinline__ int q8_slice_units(int64_t p, int64_t units) {
     const int64_t left = units - p * q8_0_tiles::kSliceUnits;
@@ -588,7 +603,7 @@ __global__ void __launch_bounds__(q8::kThreads, 2)
     const bool pair = jb.up != nullptr;
     const int P = int(q8_0_tiles::slices(jb.cols));
     const int tpb = q8_split_tiles(P);
-    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + tpb - 1) / tpb;
+    const int64_t row_tiles = job_row_tiles(jb), tile_blocks = (row_tiles + tpb - 1) / tpb;
     const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
     const int64_t r0 = grp * NX;
     const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
@@ -609,7 +624,7 @@ __global__ void __launch_bounds__(q8::kThreads, 2)
     const uint8_t *A = nullptr, *B = nullptr;
     q8::unit_regs buf[q8::kAhead];
     if (active) {
-        q8_strips(jb, tile, A, B);
+        tile_strips(jb, tile, q8_0_tiles::strip_bytes(jb.cols), A, B);
         const q8::unit_run first = run_of(p0);
 #pragma unroll
         for (int i = 0; i < q8::kAhead; ++i)
@@ -688,19 +703,16 @@ __global__ void __launch_bounds__(q8::kThreads, 1)
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const bool pair = jb.up != nullptr;
     const int P = int(q8_0_tiles::slices(jb.cols));
-    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + q8::kWarps - 1) / q8::kWarps;
-    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
-    const int64_t r0 = grp * NX;
-    const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
-    const int live = (nr + 3) / 4;
-    const int64_t tile = tb * q8::kWarps + warp;
-    const bool active = tile < row_tiles;
+    const wide_place at_ = wide_place_in(jb, local, warp);
+    const int64_t r0 = at_.r0, tile = at_.tile;
+    const int nr = at_.nr, live = at_.live;
+    const bool active = at_.active;
     const int64_t units = jb.cols / q8_0_tiles::kUnitCols;
     uint4* xs = reinterpret_cast<uint4*>(smem);  // two slices' buffers
     const uint8_t *A = nullptr, *B = nullptr;
     q8::unit_regs buf[q8::kAhead];
     if (active) {
-        q8_strips(jb, tile, A, B);
+        tile_strips(jb, tile, q8_0_tiles::strip_bytes(jb.cols), A, B);
 #pragma unroll
         for (int i = 0; i < q8::kAhead; ++i)
             if (i < units) q8::load_unit(buf[i], A, B, i, lane);
@@ -798,25 +810,15 @@ __global__ void __launch_bounds__(q8::kThreads, 1)
     const int64_t local = blk - jb.first_block;
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const bool pair = jb.up != nullptr;
-    const int64_t row_tiles = q8_row_tiles(jb), tile_blocks = (row_tiles + q8::kWarps - 1) / q8::kWarps;
-    const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
-    const int64_t r0 = grp * NX;
-    const int nr = jb.n - r0 < NX ? int(jb.n - r0) : NX;
-    const int live = (nr + 3) / 4;
-    const int64_t tile = tb * q8::kWarps + warp;
-    const bool active = tile < row_tiles;
+    const wide_place at_ = wide_place_in(jb, local, warp);
+    const int64_t r0 = at_.r0, tile = at_.tile;
+    const int nr = at_.nr, live = at_.live;
+    const bool active = at_.active;
     const int64_t units = jb.cols / (32 * mxfp4_tiles::kUnitBlocks);
     const int64_t slice_units = q8_0_tiles::kSliceUnits;
     const int P = int((units + slice_units - 1) / slice_units);
-    const int64_t strip = mxfp4_tiles::strip_bytes(jb.cols);
     const uint8_t *A = jb.w, *B = jb.w;
-    if (pair) {
-        A = jb.w + tile * strip;
-        B = jb.up + tile * strip;
-    } else {
-        A = jb.w + 2 * tile * strip;
-        B = (2 * tile + 1) * mxfp4_tiles::kStripRows < jb.rows ? A + strip : A;
-    }
+    tile_strips(jb, tile, mxfp4_tiles::strip_bytes(jb.cols), A, B);
     mma::tile_unit_regs buf[mma::kTileAhead];
     if (active) mma::prefetch_tiles(buf, A, B, units, lane);
     if (staged_jobs) grid_dependency_prologue();
@@ -1075,7 +1077,7 @@ matmul_plan plan_mxfp4_tiles(mm_job* jobs, int n_jobs) {
             j.first_block = p.blocks;
             j.block_rows = 0;
             p.blocks += ((j.n + q8::kPrefillRows - 1) / q8::kPrefillRows) *
-                        ((q8_row_tiles(j) + q8::kWarps - 1) / q8::kWarps);
+                        ((job_row_tiles(j) + q8::kWarps - 1) / q8::kWarps);
         }
         return p;
     }
@@ -1156,7 +1158,7 @@ matmul_plan plan_q8_tiles(mm_job* jobs, int n_jobs) {
     p.q8_kernel = most <= split_rows ? 1 : 2;
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
-        const int64_t P = q8_0_tiles::slices(j.cols), row_tiles = q8_row_tiles(j);
+        const int64_t P = q8_0_tiles::slices(j.cols), row_tiles = job_row_tiles(j);
         size_t shared;
         int64_t b;
         if (p.q8_kernel == 1) {

@@ -51,6 +51,55 @@ std::vector<float> mixed_magnitude_rows(int64_t n, int64_t cols, int64_t stride,
 
 const ggml_type kTypes[] = {ggml_type::f32, ggml_type::f16, ggml_type::bf16, ggml_type::q8_0, ggml_type::mxfp4};
 
+// The outputs of a SwiGLU pair (gate g, up u) and a plain job (p) over the same x rows.
+struct pair_plain_out {
+    std::vector<float> g, u, p;
+};
+
+// Rows [r0, r0 + m) of x (rows `stride` floats apart, routing weights rw) through the pair (wg,
+// wu; limit 7) and the plain job wp, each of `rows` outputs, in one launch of `be`.
+pair_plain_out run_pair_and_plain(backend& be, const weight_view& wg, const weight_view& wu, const weight_view& wp,
+                                  const std::vector<float>& x, const std::vector<float>& rw, int64_t stride,
+                                  int64_t rows, int64_t r0, int64_t m) {
+    auto xa = put(be, x), wa = put(be, rw);
+    backend_array<float> g(be, size_t(m * rows)), u(be, size_t(m * rows)), pl(be, size_t(m * rows));
+    matmul_job pair{wg, xa.data() + r0 * stride, stride, m, g.data(), rows, false};
+    pair.up = wu;
+    pair.u = u.data();
+    pair.u_stride = rows;
+    pair.swiglu_limit = 7.0f;
+    pair.swiglu_w = wa.data() + r0;
+    const matmul_job job{wp, xa.data() + r0 * stride, stride, m, pl.data(), rows, false};
+    const std::vector<matmul_job> jobs{pair, job};
+    be.matmul_batch(jobs);
+    return {get(be, g), get(be, u), get(be, pl)};
+}
+
+// The GPU's outputs of n x rows against the CPU's row by row (the pair's up and the plain job
+// within 2e-6; SwiGLU rounds to bf16, where a flipped rounding is 2^-8 of a value: 1e-2), and
+// some rows alone (alone(r): the GPU's outputs of row r by itself) giving their bits in the batch.
+template <class Alone>
+void check_pair_and_plain(const pair_plain_out& got, const pair_plain_out& want, int64_t n, int64_t rows,
+                          int64_t cols, Alone alone) {
+    auto row_of = [&](const std::vector<float>& v, int64_t r) {
+        return std::vector<float>(v.begin() + r * rows, v.begin() + (r + 1) * rows);
+    };
+    for (int64_t r = 0; r < n; ++r) {
+        const double eu = rel_error(row_of(got.u, r), row_of(want.u, r));
+        const double ep = rel_error(row_of(got.p, r), row_of(want.p, r));
+        const double eg = rel_error(row_of(got.g, r), row_of(want.g, r));
+        BOOST_TEST(eu <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": up rel error " << eu);
+        BOOST_TEST(ep <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": rel error " << ep);
+        BOOST_TEST(eg <= 1e-2, rows << "x" << cols << " n " << n << " row " << r << ": swiglu rel error " << eg);
+    }
+    for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 4)) {
+        const pair_plain_out one = alone(r);
+        REQUIRE_BITS_EQUAL(one.g, row_of(got.g, r));
+        REQUIRE_BITS_EQUAL(one.u, row_of(got.u, r));
+        REQUIRE_BITS_EQUAL(one.p, row_of(got.p, r));
+    }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_SUITE(cuda_ops)
@@ -144,45 +193,12 @@ BOOST_AUTO_TEST_CASE(mxfp4_tensor_core_matmul_matches_cpu_and_ignores_the_batch)
             const int64_t stride = cols + 16;
             const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
             const auto rw = float_values(size_t(n), ++seed);
-            struct out {
-                std::vector<float> g, u, p;
-            };
-            // rows [r0, r0 + m) of x through the pair and the plain job in one launch.
             auto run = [&](backend& be, bool on_gpu, int64_t r0, int64_t m) {
-                auto xa = put(be, x), wa = put(be, rw);
-                backend_array<float> g(be, size_t(m * rows)), u(be, size_t(m * rows)), pl(be, size_t(m * rows));
-                matmul_job pair{on_gpu ? gate.on_gpu : gate.on_cpu, xa.data() + r0 * stride, stride, m, g.data(), rows,
-                                false};
-                pair.up = on_gpu ? up.on_gpu : up.on_cpu;
-                pair.u = u.data();
-                pair.u_stride = rows;
-                pair.swiglu_limit = 7.0f;
-                pair.swiglu_w = wa.data() + r0;
-                const matmul_job job{on_gpu ? plain.on_gpu : plain.on_cpu, xa.data() + r0 * stride, stride, m, pl.data(),
-                                     rows, false};
-                const std::vector<matmul_job> jobs{pair, job};
-                be.matmul_batch(jobs);
-                return out{get(be, g), get(be, u), get(be, pl)};
+                return run_pair_and_plain(be, on_gpu ? gate.on_gpu : gate.on_cpu, on_gpu ? up.on_gpu : up.on_cpu,
+                                          on_gpu ? plain.on_gpu : plain.on_cpu, x, rw, stride, rows, r0, m);
             };
-            const out want = run(cpu(), false, 0, n), got = run(gpu(), true, 0, n);
-            auto row_of = [&](const std::vector<float>& v, int64_t r) {
-                return std::vector<float>(v.begin() + r * rows, v.begin() + (r + 1) * rows);
-            };
-            for (int64_t r = 0; r < n; ++r) {
-                const double eu = rel_error(row_of(got.u, r), row_of(want.u, r));
-                const double ep = rel_error(row_of(got.p, r), row_of(want.p, r));
-                const double eg = rel_error(row_of(got.g, r), row_of(want.g, r));
-                BOOST_TEST(eu <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": up rel error " << eu);
-                BOOST_TEST(ep <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": rel error " << ep);
-                // SwiGLU rounds to bf16: a flipped rounding is 2^-8 of a value.
-                BOOST_TEST(eg <= 1e-2, rows << "x" << cols << " n " << n << " row " << r << ": swiglu rel error " << eg);
-            }
-            for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 4)) {
-                const out alone = run(gpu(), true, r, 1);
-                REQUIRE_BITS_EQUAL(alone.g, row_of(got.g, r));
-                REQUIRE_BITS_EQUAL(alone.u, row_of(got.u, r));
-                REQUIRE_BITS_EQUAL(alone.p, row_of(got.p, r));
-            }
+            check_pair_and_plain(run(gpu(), true, 0, n), run(cpu(), false, 0, n), n, rows, cols,
+                                 [&](int64_t r) { return run(gpu(), true, r, 1); });
         }
     }
 }
@@ -284,45 +300,10 @@ BOOST_AUTO_TEST_CASE(tiled_q8_0_matmul_matches_cpu_and_ignores_the_batch_and_the
             const int64_t stride = cols + 16;
             const std::vector<float> x = mixed_magnitude_rows(n, cols, stride, seed);
             const auto rw = float_values(size_t(n), ++seed);
-            struct out {
-                std::vector<float> g, u, p;
-            };
-            // Rows [r0, r0 + m) of x through the pair and the plain job in one launch.
-            auto run = [&](backend& be, const weight_view& wg, const weight_view& wu, const weight_view& wp, int64_t r0,
-                           int64_t m) {
-                auto xa = put(be, x), wa = put(be, rw);
-                backend_array<float> g(be, size_t(m * rows)), u(be, size_t(m * rows)), pl(be, size_t(m * rows));
-                matmul_job pair{wg, xa.data() + r0 * stride, stride, m, g.data(), rows, false};
-                pair.up = wu;
-                pair.u = u.data();
-                pair.u_stride = rows;
-                pair.swiglu_limit = 7.0f;
-                pair.swiglu_w = wa.data() + r0;
-                const matmul_job job{wp, xa.data() + r0 * stride, stride, m, pl.data(), rows, false};
-                const std::vector<matmul_job> jobs{pair, job};
-                be.matmul_batch(jobs);
-                return out{get(be, g), get(be, u), get(be, pl)};
-            };
-            const out want = run(cpu(), gate.on_cpu, up.on_cpu, plain.on_cpu, 0, n);
-            const out got = run(gpu(), tg, tu, tp, 0, n);
-            auto row_of = [&](const std::vector<float>& v, int64_t r) {
-                return std::vector<float>(v.begin() + r * rows, v.begin() + (r + 1) * rows);
-            };
-            for (int64_t r = 0; r < n; ++r) {
-                const double eu = rel_error(row_of(got.u, r), row_of(want.u, r));
-                const double ep = rel_error(row_of(got.p, r), row_of(want.p, r));
-                const double eg = rel_error(row_of(got.g, r), row_of(want.g, r));
-                BOOST_TEST(eu <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": up rel error " << eu);
-                BOOST_TEST(ep <= 2e-6, rows << "x" << cols << " n " << n << " row " << r << ": rel error " << ep);
-                // SwiGLU rounds to bf16: a flipped rounding is 2^-8 of a value.
-                BOOST_TEST(eg <= 1e-2, rows << "x" << cols << " n " << n << " row " << r << ": swiglu rel error " << eg);
-            }
-            for (int64_t r = 0; r < n; r += std::max<int64_t>(1, n / 4)) {
-                const out alone = run(gpu(), tg, tu, tp, r, 1);
-                REQUIRE_BITS_EQUAL(alone.g, row_of(got.g, r));
-                REQUIRE_BITS_EQUAL(alone.u, row_of(got.u, r));
-                REQUIRE_BITS_EQUAL(alone.p, row_of(got.p, r));
-            }
+            const pair_plain_out got = run_pair_and_plain(gpu(), tg, tu, tp, x, rw, stride, rows, 0, n);
+            check_pair_and_plain(got, run_pair_and_plain(cpu(), gate.on_cpu, up.on_cpu, plain.on_cpu, x, rw, stride, rows, 0, n),
+                                 n, rows, cols,
+                                 [&](int64_t r) { return run_pair_and_plain(gpu(), tg, tu, tp, x, rw, stride, rows, r, 1); });
             if (rows >= 16 && (n == 3 || n == 17)) {
                 // Strips 1.. of the plain matrix as a view of their own.
                 const weight_view part = tp.slice_rows(8, rows - 8);
@@ -331,7 +312,7 @@ BOOST_AUTO_TEST_CASE(tiled_q8_0_matmul_matches_cpu_and_ignores_the_batch_and_the
                 gpu().matmul(part, xa.data(), stride, n, y.data(), rows - 8, false);
                 const auto v = get(gpu(), y);
                 for (int64_t r = 0; r < n; ++r) {
-                    const auto full = row_of(got.p, r);
+                    const std::vector<float> full(got.p.begin() + r * rows, got.p.begin() + (r + 1) * rows);
                     REQUIRE_BITS_EQUAL(std::vector<float>(v.begin() + r * (rows - 8), v.begin() + (r + 1) * (rows - 8)),
                                        std::vector<float>(full.begin() + 8, full.end()));
                 }
