@@ -19,29 +19,34 @@ size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 // matrices (read by hc_mixes too) are not.
 using weight_visitor = std::function<void(weight_view&, bool matmul_only)>;
 
-void for_each_tensor(dsv41::layer_weights& lw, const weight_visitor& w, const std::function<void(vector_view&)>& v) {
+// out_a is read in groups of o_lora_rank rows (the grouped output projection slices it): whole
+// strips of a tiled matrix only when the groups are.
+void for_each_tensor(dsv41::layer_weights& lw, bool out_a_groups_whole, const weight_visitor& w,
+                     const std::function<void(vector_view&)>& v) {
     for (vector_view* p : {&lw.attn_norm, &lw.attn_sinks, &lw.q_a_norm, &lw.kv_a_norm, &lw.ffn_norm, &lw.exp_probs_b,
                            &lw.hc_attn_base, &lw.hc_attn_scale, &lw.hc_ffn_base, &lw.hc_ffn_scale, &lw.compressor_norm,
                            &lw.index_k_norm, &lw.engram_qk})
         v(*p);
     for (weight_view* p : {&lw.hc_attn_fn, &lw.hc_ffn_fn}) w(*p, false);
-    for (weight_view* p : {&lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.gate_inp, &lw.gate_shexp, &lw.up_shexp,
+    w(lw.out_a, out_a_groups_whole);
+    for (weight_view* p : {&lw.q_a, &lw.q_b, &lw.kv, &lw.out_b, &lw.gate_inp, &lw.gate_shexp, &lw.up_shexp,
                            &lw.down_shexp, &lw.compressor_kv, &lw.compressor_gate, &lw.index_k, &lw.index_q_b,
                            &lw.index_proj, &lw.engram_wkv})
         w(*p, true);
 }
 
-void for_each_tensor(dsv41::model_weights& mw, std::optional<dsv41::draft_weights>& dw, const weight_visitor& w,
-                     const std::function<void(vector_view&)>& v) {
+void for_each_tensor(const dsv41::hparams& hp, dsv41::model_weights& mw, std::optional<dsv41::draft_weights>& dw,
+                     const weight_visitor& w, const std::function<void(vector_view&)>& v) {
+    const bool groups_whole = hp.o_lora_rank % 8 == 0;
     w(mw.token_embd, false);
     w(mw.output, true);
     v(mw.output_norm);
-    for (auto& lw : mw.layers) for_each_tensor(lw, w, v);
+    for (auto& lw : mw.layers) for_each_tensor(lw, groups_whole, w, v);
     if (!dw) return;
     w(dw->markov_embed, false);
     for (weight_view* p : {&dw->fc, &dw->markov_head, &dw->conf_proj}) w(*p, true);
     for (vector_view* p : {&dw->enc_norm, &dw->output_norm}) v(*p);
-    for (auto& lw : dw->stages) for_each_tensor(lw, w, v);
+    for (auto& lw : dw->stages) for_each_tensor(lw, groups_whole, w, v);
 }
 
 size_t view_bytes(const weight_view& w) { return w.empty() ? 0 : size_t(w.rows) * w.row_stride; }
@@ -54,7 +59,7 @@ size_t dense_weight_bytes(const loaded_model& m) {
     std::optional<dsv41::draft_weights> dw = m.draft;
     size_t total = 0;
     for_each_tensor(
-        mw, dw, [&](weight_view& w, bool) { total += aligned(view_bytes(w)); },
+        m.hp, mw, dw, [&](weight_view& w, bool) { total += aligned(view_bytes(w)); },
         [&](vector_view& v) { total += aligned(view_bytes(v)); });
     return total;
 }
@@ -75,7 +80,7 @@ result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const 
     const bool tile_q8 = be.tiles_q8_0();
     std::vector<uint8_t> tiled;
     for_each_tensor(
-        out->weights, out->draft,
+        m.hp, out->weights, out->draft,
         [&](weight_view& w, bool matmul_only) {
             if (w.empty()) return;
             if (matmul_only && tile_q8 && w.type == ggml_type::q8_0 && w.layout == weight_layout::rows &&
