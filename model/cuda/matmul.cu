@@ -13,6 +13,7 @@
 // weights are read once per group of rows. MXFP4 launches run k_matmul_mxfp4: the tensor-core
 // path of matmul_mma.cuh for the shapes it takes (cols a multiple of 128), this one (with 16
 // warps a block) for the others, chosen per job by its shape.
+#include <algorithm>
 #include <cstdlib>
 
 #include "model/cuda/device_common.cuh"
@@ -553,8 +554,9 @@ __host__ __device__ __forceinline__ int64_t job_row_tiles(const mm_job& jb) {
     const int64_t tile_rows = jb.up ? 8 : 16;
     return (jb.rows + tile_rows - 1) / tile_rows;
 }
-// The decode kernel's tiles a block: its warps take one slice each of kWarps / slices tiles, or
-// (rows of kWarps slices or more) the slices of one tile in turn.
+// The decode kernel's most tiles a block: its warps take one slice each of kWarps / slices
+// tiles, or (rows of kWarps slices or more) the slices of one tile in turn. The planner may give
+// a block fewer (its job's block_rows), so that a small launch spreads over more SMs.
 __host__ __device__ __forceinline__ int q8_split_tiles(int64_t slices) {
     return slices >= q8::kWarps ? 1 : int(q8::kWarps / slices);
 }
@@ -602,7 +604,7 @@ __global__ void __launch_bounds__(q8::kThreads, 2)
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const bool pair = jb.up != nullptr;
     const int P = int(q8_0_tiles::slices(jb.cols));
-    const int tpb = q8_split_tiles(P);
+    const int tpb = jb.block_rows;  // tiles a block (plan_q8_tiles)
     const int64_t row_tiles = job_row_tiles(jb), tile_blocks = (row_tiles + tpb - 1) / tpb;
     const int64_t grp = local / tile_blocks, tb = local % tile_blocks;
     const int64_t r0 = grp * NX;
@@ -644,9 +646,10 @@ __global__ void __launch_bounds__(q8::kThreads, 2)
         const int g = lane >> 2, t = lane & 3;
         for (int p = p0; p < P; p += pstep) {
             const q8::unit_run run = run_of(p);
-            // Two x rows at a time (registers: two blocks an SM).
+            // Two x rows at a time (registers: two blocks an SM), the group's rows only.
 #pragma unroll
             for (int h = 0; h < NX; h += 2) {
+                if (h >= nr) break;
                 const float* pair_rows[2] = {rows[h], rows[h + 1]};
                 const int pair_at[2] = {at[h], at[h + 1]};
                 q8::slice_x<2> xv;
@@ -1156,13 +1159,29 @@ matmul_plan plan_q8_tiles(mm_job* jobs, int n_jobs) {
         most = j.n > most ? j.n : most;
     }
     p.q8_kernel = most <= split_rows ? 1 : 2;
+    // Decode: the most tiles a block, halved (all jobs alike) while the launch has fewer blocks
+    // than two an SM, so that a small matmul's loads come from more SMs at once.
+    int shrink = 1;
+    if (p.q8_kernel == 1) {
+        auto blocks_at = [&](int div) {
+            int64_t total = 0;
+            for (int i = 0; i < n_jobs; ++i) {
+                const mm_job& j = jobs[i];
+                const int tpb = std::max(1, q8_split_tiles(q8_0_tiles::slices(j.cols)) / div);
+                total += ((j.n + q8::kDecodeRows - 1) / q8::kDecodeRows) * ((job_row_tiles(j) + tpb - 1) / tpb);
+            }
+            return total;
+        };
+        while (shrink < q8::kWarps && blocks_at(shrink) < 2 * int64_t(sm_count())) shrink *= 2;
+    }
     for (int i = 0; i < n_jobs; ++i) {
         mm_job& j = jobs[i];
         const int64_t P = q8_0_tiles::slices(j.cols), row_tiles = job_row_tiles(j);
         size_t shared;
         int64_t b;
         if (p.q8_kernel == 1) {
-            const int tpb = q8_split_tiles(P);
+            const int tpb = std::max(1, q8_split_tiles(P) / shrink);
+            j.block_rows = tpb;
             b = ((j.n + q8::kDecodeRows - 1) / q8::kDecodeRows) * ((row_tiles + tpb - 1) / tpb);
             shared = size_t(q8::kWarps) * q8::slice_x_uint4(q8::kDecodeRows) * 16 +
                      size_t(tpb) * size_t(P) * 16 * q8::kDecodeRows * sizeof(float);
@@ -1171,7 +1190,7 @@ matmul_plan plan_q8_tiles(mm_job* jobs, int n_jobs) {
             shared = 2 * size_t(q8::slice_x_uint4(q8::kPrefillRows)) * 16;
         }
         j.first_block = p.blocks;
-        j.block_rows = 0;
+        if (p.q8_kernel != 1) j.block_rows = 0;
         p.blocks += b;
         if (shared > p.shared) p.shared = shared;
     }
