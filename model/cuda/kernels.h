@@ -36,7 +36,8 @@ struct mm_job {
     uint32_t flags = 0;
     float swiglu_limit = 0;
     int64_t first_block = 0;  // the job's first thread block (a prefix sum over the launch's jobs)
-    int32_t block_rows = 0;   // output rows per block (plan_matmul); MXFP4 tensor-core jobs: -tiles per block
+    int32_t block_rows = 0;   // output rows per block (plan_matmul); MXFP4 tensor-core jobs: -tiles per block;
+                              // Q8_0 tiled jobs of the decode kernel: tiles per block
 };
 // kTiles: MXFP4 weights in the tile layout (model/mxfp4_tiles.h); kQ8Tiles: Q8_0 weights in
 // theirs (model/q8_0_tiles.h). A launch's jobs are all tiled or none is.

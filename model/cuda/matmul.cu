@@ -631,6 +631,7 @@ __global__ void __launch_bounds__(q8::kThreads, 2)
 #pragma unroll
         for (int i = 0; i < q8::kAhead; ++i)
             if (const int64_t u = first.after(i); u >= 0) q8::load_unit(buf[i], A, B, u, lane);
+        if (staged_jobs) q8::prefetch_units_l2(A, B, first, lane);
     }
     if (staged_jobs) grid_dependency_prologue();
     if (active) {
@@ -719,6 +720,7 @@ __global__ void __launch_bounds__(q8::kThreads, 1)
 #pragma unroll
         for (int i = 0; i < q8::kAhead; ++i)
             if (i < units) q8::load_unit(buf[i], A, B, i, lane);
+        if (staged_jobs) q8::prefetch_units_l2(A, B, q8::unit_run{0, -1, int(units < 64 ? units : 64)}, lane);
     }
     if (staged_jobs) grid_dependency_prologue();
     // This warp's x rows to stage: warp and warp + kWarps of the group.

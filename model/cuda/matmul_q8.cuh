@@ -124,6 +124,27 @@ struct unit_run {
     }
 };
 
+// Units kAhead .. kAhead + kL2Units - 1 of a warp's sequence asked of L2 (no registers held), as
+// the tiled MXFP4 kernel does with its units 2-7: issued before the kernel waits for its
+// predecessor, the rest of a decode slice's weights are on their way while x is staged.
+inline constexpr int kL2Units = 6;
+__device__ __forceinline__ void prefetch_units_l2(const uint8_t* A, const uint8_t* B, const unit_run& run, int lane) {
+#pragma unroll
+    for (int k = kAhead; k < kAhead + kL2Units; ++k) {
+        const int64_t u = run.after(k);
+        if (u < 0) break;
+        const int64_t at = u * q8_0_tiles::kUnitBytes;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(A + at + lane * 16));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(A + at + 512 + lane * 16));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(B + at + lane * 16));
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(B + at + 512 + lane * 16));
+        if (lane == 0) {
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(A + at + q8_0_tiles::kUnitWeightBytes));
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(B + at + q8_0_tiles::kUnitWeightBytes));
+        }
+    }
+}
+
 // A slice's products into acc (zeroed here), refilling buf with the sequence's units ahead. xs:
 // the slice's x (layout above, xblock uint4 a block), xo: the lane's offsets of its n8 tiles.
 template <int NT>
