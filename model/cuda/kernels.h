@@ -91,7 +91,9 @@ struct inline_jobs {
 // Every job has weights of `type` (F32, F16, BF16, Q8_0 or MXFP4), planned by plan_matmul. MXFP4
 // jobs whose cols are a multiple of 128 (up to 24,000) run on the tensor cores (matmul_mma.cuh:
 // 16 weight rows a warp, x split into fp16 hi + lo, 512-thread blocks, up to ~227 KiB of shared
-// memory); other MXFP4 shapes, in the same launch, on the CUDA-core path.
+// memory); other MXFP4 shapes, in the same launch, on the CUDA-core path. Tiled jobs (kTiles,
+// kQ8Tiles) run their layout's tensor-core kernels (matmul_q8.cuh for Q8_0), the decode or the
+// prefill shape by the launch's rows, with the same bits.
 // staged_jobs: the descriptors were staged by the host (not written by a kernel of the step), so
 // the CUDA-core kernel may read them, and prefetch its weights, before its predecessor ends.
 // `inline_from`: the jobs are these (jobs null); they then count as staged.
