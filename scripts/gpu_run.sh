@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first five;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] [DECODE_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first five;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -98,9 +98,31 @@ if [[ $what == *kernels* ]]; then
 fi
 if [[ $what == *decode* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   for preset in ${PRESETS:-mini-lite mini}; do
-    "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
-    timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
-    summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")
+    [[ -f /tmp/$preset.gguf ]] || "$BIN" forge --preset $preset --out /tmp/$preset.gguf --seed 1 > /dev/null 2>&1 || continue
+    if [[ -n ${DECODE_AB:-} ]]; then
+      # Settings A/B in one session: DECODE_AB="VAR=a VAR=b" (an environment setting per run),
+      # DECODE_ROUNDS interleaved passes; first the logits of a short prompt under each setting
+      # against the first setting's, bit for bit.
+      first=""
+      for kv in $DECODE_AB; do
+        env "$kv" "$BIN" logits --model /tmp/$preset.gguf --tokens 1,2,3,4,5,6,7,8 --decode 9,10,11 --backend cuda \
+          --out /tmp/ab_${kv//[^A-Za-z0-9]/_}.f32 > /dev/null 2>&1
+        f=/tmp/ab_${kv//[^A-Za-z0-9]/_}.f32
+        if [[ -z $first ]]; then first=$f; elif cmp -s "$first" "$f"; then summary+=("$preset logits $kv: bit-identical");
+        else summary+=("$preset logits $kv: DIFFER"); fi
+      done
+      for r in $(seq 1 ${DECODE_ROUNDS:-2}); do
+        for kv in $DECODE_AB; do
+          log="$OUT/decode_${preset}_${kv//[^A-Za-z0-9]/_}.log"
+          echo "=== pass $r: $kv" >> "$log"
+          env "$kv" timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 >> "$log" 2>&1
+          summary+=("bench decode $preset $kv pass $r exit $?: $(grep -E 'prefill|decode at' "$log" | tail -2 | tr '\n' ' ')")
+        done
+      done
+    else
+      timeout 180 "$BIN" bench decode --backend cuda --model /tmp/$preset.gguf --device-cache 64 -n 64 > "$OUT/decode_$preset.log" 2>&1
+      summary+=("bench decode $preset exit $?: $(grep -E 'decode at|GPU' "$OUT/decode_$preset.log" | tr '\n' ' ')")
+    fi
   done
 fi
 if [[ $what == *copy* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then

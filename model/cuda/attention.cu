@@ -14,6 +14,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / kWarp;
 constexpr int kChunkKeys = 64;  // keys a block of the scores and partial kernels takes
+constexpr int kMaxTileHeads = 16;  // heads a block of the scores and partial kernels takes at most
 
 // Key i of a row (ring keys, then fresh ones, then selected entries; n_sel valid ids).
 __device__ __forceinline__ const uint16_t* key_at(const attention_row& a, int64_t head_dim, int64_t i) {
@@ -35,21 +36,6 @@ __device__ int64_t row_key_count(const attention_row& a) {
     return a.ring_count + a.fresh_count + int64_t(first_invalid);
 }
 
-// The scores' max over [0, n) by the block (fmaxf: exact in any order), from -1e30 as the CPU.
-__device__ float block_max(const float* sc, int64_t n) {
-    __shared__ float red[32];
-    float m = -1e30f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, sc[i]);
-    m = warp_max(m);
-    const int warps = int(blockDim.x) / kWarp;
-    if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
-    __syncthreads();
-    m = red[0];
-    for (int w = 1; w < warps; ++w) m = fmaxf(m, red[w]);
-    __syncthreads();
-    return m;
-}
-
 // Decode attention in three launches, so that a row's keys spread over many blocks (one block a
 // (row, head), walking a 2k context's keys, was latency-bound at 55 us a layer on mini):
 //   scores:   (row, head, 64 keys) a block, a warp a key: dot(q, key) with the 32 lanes as the
@@ -60,6 +46,13 @@ __device__ float block_max(const float* sc, int64_t n) {
 //             value's chunk sums in order, times 1 / denominator.
 // So a value depends on the keys and the fixed 64-key chunks, never on the batch or the grid. The
 // CPU sums all keys in one run (cpu_backend.cpp): the two differ in the last bits of some values.
+// A block of the scores and partial kernels takes a tile of up to kMaxTileHeads heads of its row:
+// every head shares the row's keys (MQA, K = V), so a key is read once for the tile, not once a
+// head. A prefill's rows, each in blocks of one head, were latency-bound small blocks: 65% of a
+// 2k-token prefill on mini-lite. The tile changes which block computes a value, never its
+// operations (each score and each chunk's sum is computed alone, as before), so the host sizes it
+// from the launch (attention_tile_heads): one head a block for a decode row, whose few chunks
+// need the heads to fill the GPU.
 // The scores kernel: a warp a key, kScoreKeysPerWarp keys a warp, so a block of 16 warps takes a
 // 64-key chunk. Lane l holds the CPU's accumulator l (values l, l + 32, ... of the key, in order)
 // and the lanes meet in warp_sum's butterfly, so a score is the CPU pattern's bits. Every value
@@ -87,19 +80,36 @@ __device__ __forceinline__ float key_score(const float (&kv)[kScoreVals], const 
     return __fmul_rn(acc, scale);
 }
 
+// The row of block x and the first head and head count of its tile.
+struct tile_of_block {
+    int64_t row;
+    int h0, heads;
+};
+__device__ __forceinline__ tile_of_block block_tile(int n_heads, int tile_heads) {
+    const int tiles = (n_heads + tile_heads - 1) / tile_heads;
+    const int h0 = int(blockIdx.x % unsigned(tiles)) * tile_heads;
+    return {int64_t(blockIdx.x / unsigned(tiles)), h0, min(tile_heads, n_heads - h0)};
+}
+
+// Scores of a (row, head tile, 64-key chunk) block, and each head's max over the chunk's scores
+// (chunk_max[(row head) * chunks + chunk]; the max is exact in any order, so the softmax's max
+// is the max of its chunks' maxes).
 __global__ void __launch_bounds__(kScoreThreads) k_attention_scores(const attention_row* __restrict__ rows, int n_heads,
-                                                                    int64_t head_dim, float scale, float* scores,
-                                                                    int64_t max_keys) {
+                                                                    int tile_heads, int64_t head_dim, float scale,
+                                                                    float* scores, float* chunk_max, int64_t max_keys) {
     grid_dependency_prologue();
-    extern __shared__ float q_s[];  // [head_dim]
-    const int64_t rh = blockIdx.x;
-    const attention_row& a = rows[rh / n_heads];
-    const int h = int(rh % n_heads);
+    extern __shared__ float q_s[];  // [tile heads][head_dim]
+    __shared__ float max_s[kScoreWarps][kMaxTileHeads];
+    const tile_of_block t = block_tile(n_heads, tile_heads);
+    const attention_row& a = rows[t.row];
     const int64_t n_keys = row_key_count(a);
-    for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) q_s[d] = a.q[h * head_dim + d];
+    for (int64_t d = threadIdx.x; d < t.heads * head_dim; d += blockDim.x) q_s[d] = a.q[t.h0 * head_dim + d];
     __syncthreads();
     const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
     const int64_t first = int64_t(blockIdx.y) * kChunkKeys + warp * kScoreKeysPerWarp;
+    const auto score_at = [&](int hh, int64_t i) -> float& {
+        return scores[(t.row * n_heads + t.h0 + hh) * max_keys + i];
+    };
     if (head_dim <= kScoreMaxDim) {
         float kv[kScoreKeysPerWarp][kScoreVals];
 #pragma unroll
@@ -112,71 +122,118 @@ __global__ void __launch_bounds__(kScoreThreads) k_attention_scores(const attent
                 kv[k][m] = valid && d < head_dim ? bf16_bits_value(__ldg(key + key_word(d, head_dim))) : 0.0f;
             }
         }
+        for (int hh = 0; hh < t.heads; ++hh) {
+            float mx = -1e30f;
 #pragma unroll
-        for (int k = 0; k < kScoreKeysPerWarp; ++k) {
-            const float sc = key_score(kv[k], q_s, head_dim, lane, scale);
-            if (lane == 0 && first + k < n_keys) scores[rh * max_keys + first + k] = sc;
+            for (int k = 0; k < kScoreKeysPerWarp; ++k) {
+                const float sc = key_score(kv[k], q_s + hh * head_dim, head_dim, lane, scale);
+                if (first + k < n_keys) {
+                    if (lane == 0) score_at(hh, first + k) = sc;
+                    mx = fmaxf(mx, sc);
+                }
+            }
+            if (lane == 0) max_s[warp][hh] = mx;
         }
-        return;
+    } else {
+        for (int hh = 0; hh < t.heads; ++hh) {
+            const float* qh = q_s + hh * head_dim;
+            float mx = -1e30f;
+            for (int k = 0; k < kScoreKeysPerWarp && first + k < n_keys; ++k) {
+                const uint16_t* key = key_at(a, head_dim, first + k);
+                float acc = 0.0f;
+                for (int64_t d = lane; d < head_dim; d += kWarp)
+                    acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(__ldg(key + key_word(d, head_dim))), qh[d]));
+#pragma unroll
+                for (int o = 16; o >= 1; o >>= 1) {
+                    const float other = __shfl_down_sync(kFullMask, acc, o);
+                    if (lane < o) acc = __fadd_rn(acc, other);
+                }
+                const float sc = __fmul_rn(acc, scale);
+                if (lane == 0) score_at(hh, first + k) = sc;
+                mx = fmaxf(mx, sc);
+            }
+            if (lane == 0) max_s[warp][hh] = mx;
+        }
     }
-    for (int k = 0; k < kScoreKeysPerWarp && first + k < n_keys; ++k) {
-        const uint16_t* key = key_at(a, head_dim, first + k);
-        float acc = 0.0f;
-        for (int64_t d = lane; d < head_dim; d += kWarp)
-            acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(__ldg(key + key_word(d, head_dim))), q_s[d]));
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) {
-            const float other = __shfl_down_sync(kFullMask, acc, o);
-            if (lane < o) acc = __fadd_rn(acc, other);
-        }
-        if (lane == 0) scores[rh * max_keys + first + k] = __fmul_rn(acc, scale);
+    __syncthreads();
+    if (int(threadIdx.x) < t.heads) {
+        float m = max_s[0][threadIdx.x];
+        for (int w = 1; w < kScoreWarps; ++w) m = fmaxf(m, max_s[w][threadIdx.x]);
+        chunk_max[(t.row * n_heads + t.h0 + threadIdx.x) * gridDim.y + blockIdx.y] = m;
     }
 }
 
+// The softmax's max of (row, head): its chunks' maxes (each from -1e30, as the CPU's max).
+__device__ __forceinline__ float row_head_max(const float* chunk_max, int64_t rh, int chunks, int64_t n_keys) {
+    const int used = int((n_keys + kChunkKeys - 1) / kChunkKeys);
+    float m = -1e30f;
+    for (int c = 0; c < used; ++c) m = fmaxf(m, chunk_max[rh * chunks + c]);
+    return m;
+}
+
+// Each head's weights over a (row, head tile, 64-key chunk) block's keys, and Σ p v over them in
+// key order for every value of every head of the tile: a value of a key is read once for the tile.
 __global__ void __launch_bounds__(kThreads) k_attention_partial(const attention_row* __restrict__ rows, int n_heads,
-                                                                int64_t head_dim, bool bf16_probs, float* scores,
+                                                                int tile_heads, int64_t head_dim, bool bf16_probs,
+                                                                const float* scores, const float* chunk_max,
                                                                 float* probs, float* partial, int64_t max_keys) {
     grid_dependency_prologue();
-    __shared__ float p_s[kChunkKeys];
+    __shared__ float p_s[kMaxTileHeads][kChunkKeys];
+    __shared__ float m_s[kMaxTileHeads];
     __shared__ const uint16_t* key_s[kChunkKeys];
-    const int64_t rh = blockIdx.x;
-    const attention_row& a = rows[rh / n_heads];
+    const tile_of_block t = block_tile(n_heads, tile_heads);
+    const attention_row& a = rows[t.row];
     const int64_t n_keys = row_key_count(a);
     const int64_t i0 = int64_t(blockIdx.y) * kChunkKeys;
     if (i0 >= n_keys) return;
-    const int64_t in_chunk = n_keys - i0 < kChunkKeys ? n_keys - i0 : kChunkKeys;
-    const float m = block_max(scores + rh * max_keys, n_keys);
-    if (threadIdx.x < in_chunk) {
-        const int64_t i = i0 + threadIdx.x;
-        const float p = numeric::exp_float(__fsub_rn(scores[rh * max_keys + i], m));
-        probs[rh * max_keys + i] = p;  // the denominator takes the unrounded values
-        p_s[threadIdx.x] = bf16_probs ? numeric::round_bf16(p) : p;
-        key_s[threadIdx.x] = key_at(a, head_dim, i);
+    const int chunks = int(gridDim.y);
+    const int in_chunk = int(n_keys - i0 < kChunkKeys ? n_keys - i0 : kChunkKeys);
+    const int64_t rh0 = t.row * n_heads + t.h0;
+    if (int(threadIdx.x) < t.heads) m_s[threadIdx.x] = row_head_max(chunk_max, rh0 + threadIdx.x, chunks, n_keys);
+    if (int(threadIdx.x) < in_chunk) key_s[threadIdx.x] = key_at(a, head_dim, i0 + threadIdx.x);
+    __syncthreads();
+    for (int v = int(threadIdx.x); v < t.heads * kChunkKeys; v += int(blockDim.x)) {
+        const int hh = v / kChunkKeys, k = v % kChunkKeys;
+        if (k >= in_chunk) continue;
+        const int64_t at = (rh0 + hh) * max_keys + i0 + k;
+        const float p = numeric::exp_float(__fsub_rn(scores[at], m_s[hh]));
+        probs[at] = p;  // the denominator takes the unrounded values
+        p_s[hh][k] = bf16_probs ? numeric::round_bf16(p) : p;
     }
     __syncthreads();
-    float* out = partial + (rh * gridDim.y + blockIdx.y) * head_dim;
     for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
         const int64_t word = key_word(d, head_dim);
-        float acc = 0.0f;
+        float acc[kMaxTileHeads];
+#pragma unroll
+        for (int hh = 0; hh < kMaxTileHeads; ++hh) acc[hh] = 0.0f;
+        const auto add_keys = [&](int k, float v) {
+#pragma unroll
+            for (int hh = 0; hh < kMaxTileHeads; ++hh)
+                if (hh < t.heads) acc[hh] = __fadd_rn(acc[hh], __fmul_rn(p_s[hh][k], v));
+        };
         int k = 0;
         for (; k + 16 <= in_chunk; k += 16) {
             float v[16];
 #pragma unroll
             for (int u = 0; u < 16; ++u) v[u] = bf16_bits_value(__ldg(key_s[k + u] + word));
 #pragma unroll
-            for (int u = 0; u < 16; ++u) acc = __fadd_rn(acc, __fmul_rn(p_s[k + u], v[u]));
+            for (int u = 0; u < 16; ++u) add_keys(k + u, v[u]);
         }
-        for (; k < in_chunk; ++k) acc = __fadd_rn(acc, __fmul_rn(p_s[k], bf16_bits_value(__ldg(key_s[k] + word))));
-        out[d] = acc;
+        for (; k < in_chunk; ++k) add_keys(k, bf16_bits_value(__ldg(key_s[k] + word)));
+#pragma unroll
+        for (int hh = 0; hh < kMaxTileHeads; ++hh)
+            if (hh < t.heads) partial[((rh0 + hh) * chunks + blockIdx.y) * head_dim + d] = acc[hh];
     }
 }
 
 __global__ void __launch_bounds__(kThreads) k_attention_combine(const attention_row* __restrict__ rows, int n_heads,
                                                                 int64_t head_dim, const float* __restrict__ sinks,
-                                                                const float* scores, const float* probs,
+                                                                const float* chunk_max, const float* probs,
                                                                 const float* partial, int64_t max_keys, int chunks) {
     grid_dependency_prologue();
-    __shared__ float inv_s;
+    constexpr int kSegment = 1024;  // weights staged at a time for the denominator's serial sum
+    __shared__ float p_s[kSegment];
+    __shared__ float denom_s;
     const int64_t rh = blockIdx.x;
     const attention_row& a = rows[rh / n_heads];
     const int h = int(rh % n_heads);
@@ -186,24 +243,24 @@ __global__ void __launch_bounds__(kThreads) k_attention_combine(const attention_
         for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) out[d] = 0.0f;
         return;
     }
-    const float m = block_max(scores + rh * max_keys, n_keys);
-    if (threadIdx.x == 0) {
-        // The softmax's denominator (cpu_backend.cpp softmax_with_sink): the sink's term first.
-        const float* p = probs + rh * max_keys;
-        float denom = numeric::exp_float(__fsub_rn(sinks[h], m));
-        int64_t i = 0;
-        for (; i + 8 <= n_keys; i += 8) {
-            float v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = p[i + u];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) denom = __fadd_rn(denom, v[u]);
+    const float m = row_head_max(chunk_max, rh, chunks, n_keys);
+    // The softmax's denominator (cpu_backend.cpp softmax_with_sink): the sink's term, then every
+    // key's weight in order, one thread adding from shared memory what the block loaded at once
+    // (one thread loading them, eight at a time, waited on memory a few dozen times a head).
+    const float* p = probs + rh * max_keys;
+    if (threadIdx.x == 0) denom_s = numeric::exp_float(__fsub_rn(sinks[h], m));
+    for (int64_t s0 = 0; s0 < n_keys; s0 += kSegment) {
+        const int len = int(n_keys - s0 < kSegment ? n_keys - s0 : kSegment);
+        for (int i = int(threadIdx.x); i < len; i += int(blockDim.x)) p_s[i] = p[s0 + i];
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float denom = denom_s;
+            for (int i = 0; i < len; ++i) denom = __fadd_rn(denom, p_s[i]);
+            denom_s = denom;
         }
-        for (; i < n_keys; ++i) denom = __fadd_rn(denom, p[i]);
-        inv_s = __fdiv_rn(1.0f, denom);
+        __syncthreads();
     }
-    __syncthreads();
-    const float inv = inv_s;
+    const float inv = __fdiv_rn(1.0f, denom_s);
     const int used = int((n_keys + kChunkKeys - 1) / kChunkKeys);
     const float* part = partial + rh * chunks * head_dim;
     for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -246,17 +303,31 @@ int64_t chunks_of(int64_t max_keys) { return (std::max<int64_t>(max_keys, 1) + k
 
 void set_shared_memory_limit(size_t bytes) { g_shared_limit = bytes; }
 
+int attention_tile_heads(int64_t n_rows, int n_heads, int64_t head_dim, int64_t max_keys) {
+    // The most heads (a power of two) that still leaves two blocks an SM, and whose queries fit
+    // the scores kernel's shared memory.
+    const int64_t chunks = chunks_of(max_keys);
+    int tile = kMaxTileHeads;
+    while (tile > 1 && (tile >= 2 * n_heads || n_rows * ((n_heads + tile - 1) / tile) * chunks < 2 * int64_t(sm_count()) ||
+                        size_t(tile) * size_t(head_dim) * sizeof(float) > g_shared_limit))
+        tile /= 2;
+    return tile;
+}
+
 size_t attention_work_floats(int64_t n_rows, int n_heads, int64_t head_dim, int64_t max_keys) {
     const int64_t rh = n_rows * n_heads, keys = std::max<int64_t>(max_keys, 1);
-    return size_t(rh * (2 * keys + chunks_of(max_keys) * head_dim));
+    return size_t(rh * (2 * keys + chunks_of(max_keys) * (head_dim + 1)));
 }
 
 cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows, int n_heads, int64_t head_dim,
-                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys, float* work) {
+                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys, float* work,
+                      int tile_heads) {
     if (n_rows == 0) return cudaSuccess;
     const int64_t rh = n_rows * n_heads, keys = std::max<int64_t>(max_keys, 1), chunks = chunks_of(max_keys);
+    if (tile_heads < 1 || tile_heads > kMaxTileHeads) return cudaErrorInvalidValue;
+    const int64_t blocks = n_rows * ((n_heads + tile_heads - 1) / tile_heads);
     if (rh > int64_t(0x7fffffff) || chunks > 65535) return cudaErrorInvalidConfiguration;
-    const size_t q_bytes = size_t(head_dim) * sizeof(float);
+    const size_t q_bytes = size_t(std::min(tile_heads, n_heads)) * size_t(head_dim) * sizeof(float);
     if (q_bytes > g_shared_limit) return cudaErrorInvalidValue;
     if (q_bytes > (48 << 10)) {
         const cudaError_t e =
@@ -266,17 +337,19 @@ cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows,
     float* scores = work;
     float* probs = scores + rh * keys;
     float* partial = probs + rh * keys;
-    const dim3 grid{unsigned(rh), unsigned(chunks)};
-    if (cudaError_t e = launch_kernel(s, k_attention_scores, grid, dim3(kScoreThreads), q_bytes, rows, n_heads, head_dim,
-                                      scale, scores, keys);
+    float* chunk_max = partial + rh * chunks * head_dim;
+    const dim3 grid{unsigned(blocks), unsigned(chunks)};
+    if (cudaError_t e = launch_kernel(s, k_attention_scores, grid, dim3(kScoreThreads), q_bytes, rows, n_heads,
+                                      tile_heads, head_dim, scale, scores, chunk_max, keys);
         e != cudaSuccess)
         return e;
-    if (cudaError_t e = launch_kernel(s, k_attention_partial, grid, dim3(kThreads), 0, rows, n_heads, head_dim,
-                                      bf16_probs, scores, probs, partial, keys);
+    if (cudaError_t e = launch_kernel(s, k_attention_partial, grid, dim3(kThreads), 0, rows, n_heads, tile_heads,
+                                      head_dim, bf16_probs, static_cast<const float*>(scores),
+                                      static_cast<const float*>(chunk_max), probs, partial, keys);
         e != cudaSuccess)
         return e;
     return launch_kernel(s, k_attention_combine, dim3(unsigned(rh)), dim3(kThreads), 0, rows, n_heads, head_dim, sinks,
-                         static_cast<const float*>(scores), static_cast<const float*>(probs),
+                         static_cast<const float*>(chunk_max), static_cast<const float*>(probs),
                          static_cast<const float*>(partial), keys, int(chunks));
 }
 

@@ -57,6 +57,17 @@ bool q8_0_tiles_enabled() {
     return on;
 }
 
+// MOESTREAM_ATTENTION_TILE=N: every attention launch takes N heads a block (1 = the layout of
+// the kernels before head tiles), for A/B runs; values never depend on it. 0 or unset: planned.
+int attention_tile_override() {
+    static const int tile = [] {
+        const char* v = std::getenv("MOESTREAM_ATTENTION_TILE");
+        const int t = v ? std::atoi(v) : 0;
+        return t >= 1 && t <= 16 ? t : 0;
+    }();
+    return tile;
+}
+
 std::string gib(size_t bytes) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(size_t(1) << 30));
@@ -500,10 +511,15 @@ class cuda_backend final : public backend {
         const attention_row* staged = stage_span(rows);
         const int64_t n = int64_t(rows.size());
         float* work = static_cast<float*>(scratch(k_scratch_attention, per_row * size_t(std::min(group, n))));
-        for (int64_t r0 = 0; r0 < n; r0 += group)
-            launch(kernels::attention(stream_, staged + r0, std::min(group, n - r0), n_heads, head_dim, scale, sinks,
-                                      bf16_probs, max_keys, work),
+        for (int64_t r0 = 0; r0 < n; r0 += group) {
+            const int64_t rows_now = std::min(group, n - r0);
+            const int tile = attention_tile_override() > 0
+                                 ? attention_tile_override()
+                                 : kernels::attention_tile_heads(rows_now, n_heads, head_dim, max_keys);
+            launch(kernels::attention(stream_, staged + r0, rows_now, n_heads, head_dim, scale, sinks, bf16_probs,
+                                      max_keys, work, tile),
                    "attention");
+        }
     }
     void indexer_scores(const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim, const float* keys,
                         int64_t n_keys, const int64_t* n_visible, float* scores) override {

@@ -156,6 +156,17 @@ inline unsigned grid_for(int64_t count, int threads) {
     return unsigned(g < 1 ? 1 : g);
 }
 
+// The device's SM count (read once; launch planners size grids from it).
+inline int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            v = 132;
+        return v > 0 ? v : 132;
+    }();
+    return n;
+}
+
 // Grid-stride loop over [0, count).
 #define MS_GRID_LOOP(i, count)                                                                         \
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \

@@ -38,6 +38,7 @@ __device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int
                                           float (&sum)[kCombRegs]) {
 #pragma unroll
     for (int t = 0; t < kCombRegs; ++t) sum[t] = 0.0f;
+#pragma unroll 8
     for (int k = 0; k < hc; ++k)
 #pragma unroll
         for (int t = 0; t < kCombRegs; ++t) sum[t] = __fadd_rn(sum[t], comb_element(c, first[t] + k * stride));
@@ -45,11 +46,15 @@ __device__ __forceinline__ void line_sums(const float (&c)[kCombRegs], const int
 
 // One warp per row: the RMS scale of the row's streams (all of them, one statistic), then pre,
 // post and comb exactly as cpu_backend::hc_mixes forms them.
-template <int kCombRegs>
-__global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc,
+// kHc: the stream count when the launcher knows it at compile time (4, every preset's), so each
+// line sum's hc shuffles are issued together ahead of its adds (a runtime count kept them in a
+// loop, a shuffle's latency per element on the Sinkhorn's chain of 40 line sums); 0 reads hc_arg.
+template <int kCombRegs, int kHc>
+__global__ void k_hc_mixes(const float* __restrict__ H, const float* __restrict__ mix_in, int64_t n, int hc_arg,
                            int64_t dim, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                            float hc_eps, float norm_eps, float* pre, float* post, float* comb) {
     grid_dependency_prologue();
+    const int hc = kHc > 0 ? kHc : hc_arg;
     const int64_t r = int64_t(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
     const int lane = threadIdx.x % kWarp;
     if (r >= n) return;  // whole warps leave together
@@ -216,12 +221,15 @@ cudaError_t hc_mixes(cudaStream_t s, const float* H, const float* mix, int64_t n
     if (n == 0) return cudaSuccess;
     if (hc > kMaxHc) return cudaErrorInvalidValue;
     constexpr int rows_per_block = kRowsPerBlock;
+    const dim3 grid(grid_for(n, rows_per_block)), block(rows_per_block * kWarp);
+    if (hc == 4)
+        return launch_kernel(s, k_hc_mixes<1, 4>, grid, block, 0, H, mix, n, hc, dim, base, scale, iters, hc_eps, norm_eps,
+                             pre, post, comb);
     if (hc * hc <= kWarp)
-        return launch_kernel(s, k_hc_mixes<1>, dim3(grid_for(n, rows_per_block)), dim3(rows_per_block * kWarp), 0, H,
-                             mix, n, hc, dim, base, scale, iters, hc_eps, norm_eps, pre, post, comb);
-    return launch_kernel(s, k_hc_mixes<(kMaxHc * kMaxHc + kWarp - 1) / kWarp>, dim3(grid_for(n, rows_per_block)),
-                         dim3(rows_per_block * kWarp), 0, H, mix, n, hc, dim, base, scale, iters, hc_eps, norm_eps, pre,
-                         post, comb);
+        return launch_kernel(s, k_hc_mixes<1, 0>, grid, block, 0, H, mix, n, hc, dim, base, scale, iters, hc_eps,
+                             norm_eps, pre, post, comb);
+    return launch_kernel(s, k_hc_mixes<(kMaxHc * kMaxHc + kWarp - 1) / kWarp, 0>, grid, block, 0, H, mix, n, hc, dim,
+                         base, scale, iters, hc_eps, norm_eps, pre, post, comb);
 }
 
 cudaError_t hc_collapse(cudaStream_t s, const float* H, int64_t n, int hc, int64_t dim, const float* p, float* out) {

@@ -163,10 +163,14 @@ cudaError_t engram_gate(cudaStream_t s, float* H, int64_t n, int hc, int64_t dim
 
 // ---- attention and the indexer ----
 // max_keys: the most keys of any row (ring + fresh + selection_len); work: device memory for
-// attention_work_floats(n_rows, ...) floats (the scores, probabilities and chunk sums).
+// attention_work_floats(n_rows, ...) floats (the scores, probabilities, chunk sums and maxes);
+// tile_heads: heads a block takes (1..16; which block computes a value never changes it),
+// attention_tile_heads's plan for the launch unless a caller measures another.
 size_t attention_work_floats(int64_t n_rows, int n_heads, int64_t head_dim, int64_t max_keys);
+int attention_tile_heads(int64_t n_rows, int n_heads, int64_t head_dim, int64_t max_keys);
 cudaError_t attention(cudaStream_t s, const attention_row* rows, int64_t n_rows, int n_heads, int64_t head_dim,
-                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys, float* work);
+                      float scale, const float* sinks, bool bf16_probs, int64_t max_keys, float* work,
+                      int tile_heads);
 cudaError_t indexer_scores(cudaStream_t s, const float* q, const float* w, int64_t n, int n_heads, int64_t head_dim,
                            const float* keys, int64_t n_keys, const int64_t* n_visible, float* scores);
 // p's pointers are device pointers, n_visible too; block_scores: room for rows * ceil(n_total /

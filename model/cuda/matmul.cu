@@ -1025,16 +1025,6 @@ int64_t mma_tiles(const mm_job& j) {
     return ((j.n + g - 1) / g) * ((j.rows + tile_rows - 1) / tile_rows);
 }
 
-int sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            v = 132;
-        return v > 0 ? v : 132;
-    }();
-    return n;
-}
-
 // Tiles a block of an mma launch of `tiles` tiles over `slots` blocks running at once (SMs times
 // blocks an SM), at most `most`: one wave where they fit (which block or warp computes a tile
 // never changes its values).

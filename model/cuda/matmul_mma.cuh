@@ -45,6 +45,7 @@
 
 #include "model/cuda/device_common.cuh"
 #include "model/cuda/kernels.h"
+#include "model/cuda/mma_common.cuh"
 #include "model/mxfp4_tiles.h"
 
 namespace moestream::cuda::kernels::mma {
@@ -94,30 +95,6 @@ constexpr bool mma_wide_stages(int64_t cols, int64_t n) {
 // Shared bytes of a block: the group's x, after which the stage rings.
 constexpr size_t mma_shared_bytes(int64_t cols, int64_t n) {
     return mma_x_bytes(cols, n) + (mma_wide_stages(cols, n) ? ring_shape<16>::staging : ring_shape<8>::staging);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return uint32_t(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// d = A B + c for one m16n8k16 (fp16 A row-major, B col-major, fp32 accumulators).
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                          const float (&c)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
 }
 
 // The eight e2m1 values of qs word q as four .f16x2 registers, each value times 2^-14, in 11
