@@ -165,12 +165,32 @@ void engine::finish(active& a, std::string reason, bool keep_state) {
     // The state is consistent whatever ended the sequence (see engine_prefix.h), so it may serve
     // a later prompt; a failed one is not kept (what failed may fail again). Kept and counted
     // before the final event goes out, so whoever sees the end sees the pool that follows it.
-    if (a.seq) states_->give_back(std::move(a.seq), keep_state);
+    if (a.seq) states_->give_back(std::move(a.seq), keep_state, a.checkpoint);
     {
         std::lock_guard lock(stats_mu_);
         stats_.cached_sequences = states_->kept();
     }
     outbox_->send(a.gen, std::move(e));
+}
+
+void engine::checkpoint_prompt(active& a) {
+    const int64_t prompt = int64_t(a.req.prompt.size());
+    if (!a.checkpoint_due || a.prompt_done < prompt) return;
+    MS_ASSERT(a.seq->size() >= prompt && a.seq->size() - prompt <= opts_.rollback);
+    // Until then the state itself can be truncated back to the prompt's end: it serves the
+    // prompt while it runs (copied) and once finished (kept), and a sequence that ends before
+    // needs no copy. The next step feeds its sampled token and at most spec_cap drafts, whose
+    // rows overwrite ring slots even when rolled back.
+    const int64_t next_rows = 1 + a.spec_cap;
+    if (a.seq->size() + next_rows <= prompt + opts_.rollback) return;
+    a.checkpoint_due = false;
+    // A scored prompt's state is not offered for reuse (see finish); a short one is cheaper to
+    // process again than to copy.
+    if (!opts_.prompt_checkpoints || a.req.score_prompt || prompt < states_->options().min_copy) return;
+    a.checkpoint = states_->keep_prefix(*a.seq, prompt);
+    std::lock_guard lock(stats_mu_);
+    stats_.cached_sequences = states_->kept();
+    if (a.checkpoint != 0) ++stats_.prefix_checkpoints;
 }
 
 void engine::admit() {
@@ -426,6 +446,7 @@ asio::awaitable<void> engine::step_loop() {
                 std::lock_guard lock(stats_mu_);
                 ++stats_.requests_done;
             } else {
+                checkpoint_prompt(a);
                 still_running.push_back(std::move(running_[i]));
             }
         }

@@ -14,6 +14,10 @@
 // steps), and only the rest of its prompt is processed. Every sequence state is allocated once,
 // at construction (max_sequences running + cached_sequences kept); see scheduler/engine_prefix.h.
 // A reused prefix gives the same bits as processing it again, so reuse never changes tokens.
+// A sequence about to run more than `rollback` tokens past its prompt also leaves a copy of its
+// state truncated to the prompt's end in the pool (a prompt checkpoint): chat clients send the
+// reply back re-tokenized, often differently from how it was generated, and a finished state
+// that ran far past where the next prompt parts from it can no longer serve it.
 //
 // Speculative decoding (engine_options::spec, docs/speculative.md): a decoding sequence feeds
 // its sampled token and up to k drafted ones, its k + 1 verification rows in the same forward
@@ -146,8 +150,11 @@ struct engine_options {
     int64_t max_waiting = 64;         // queued requests beyond that (submit() refuses more)
     int64_t prefill_chunk = 256;      // prompt tokens per sequence per step
     int64_t context_tokens = 8192;    // per sequence
-    int64_t cached_sequences = 4;     // finished sequences kept for prefix reuse (LRU)
+    int64_t cached_sequences = 4;     // states kept for prefix reuse (LRU): finished sequences, prompt checkpoints
     int64_t rollback = 64;            // how far back a kept state can be truncated to serve a prefix
+    // Prompt checkpoints (above): taken for prompts of at least the pool's min_copy tokens, when
+    // cached_sequences > 0.
+    bool prompt_checkpoints = true;
     // Where the per-step time split reads the waits from; null: all forward time is compute.
     std::function<forward_waits()> waits;
     // Speculative decoding of the decoding sequences (scheduler/engine_spec.h); off by default.
@@ -158,9 +165,11 @@ struct engine_stats {
     int64_t running = 0, waiting = 0;
     uint64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, requests_done = 0;
     // Prefix reuse: prompt tokens of admitted requests that asked for it, and how many of those
-    // came from a reused state; finished sequences kept now.
+    // came from a reused state; states kept now (finished sequences and prompt checkpoints); prompt
+    // checkpoints copied into the pool.
     uint64_t prefix_queries_tokens = 0, prefix_hit_tokens = 0;
     int64_t cached_sequences = 0;
+    uint64_t prefix_checkpoints = 0;
     uint64_t tokens_max = 0;   // the most positions any sequence has held (high-water mark)
     double busy_s = 0;         // seconds spent in forwards
     uint64_t decode_rows = 0;  // sequences in each forward, summed (/ steps = mean batch)
@@ -205,6 +214,9 @@ class engine {
     void admit();
     void finish(active& a, std::string reason, bool keep_state);
     void stamp(const active& a, token_event& e) const;
+    // A running sequence's prompt checkpoint, made (once) between steps when its next step could
+    // take its state beyond `rollback` past the prompt's end.
+    void checkpoint_prompt(active& a);
     // Speculation (engine_rows.cpp): a decoding sequence's drafts for a step of at most k, after
     // its `next` in a.rows: draft_room() says how many it may take (and sets a.context), the
     // drafter proposes them as a coroutine on the compute executor (the DSpark head suspends

@@ -19,6 +19,10 @@ struct engine::active {
     std::unique_ptr<sampler> sample;
     int64_t prompt_done = 0;   // prompt tokens already in the sequence
     int64_t cached = 0;        // of those, reused from another state
+    // Its prompt checkpoint (engine::checkpoint_prompt): still to be decided, and its id in the
+    // pool (prefix_pool::keep_prefix), 0 when none was made.
+    bool checkpoint_due = true;
+    uint64_t checkpoint = 0;
     int32_t next = -1;         // sampled, not yet fed
     int64_t generated = 0;
     std::vector<prompt_score> scores;  // score_prompt: what is scored so far, until sent

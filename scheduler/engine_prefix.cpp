@@ -25,12 +25,44 @@ int64_t prefix_pool::usable(std::span<const int32_t> held, std::span<const int32
     return n;
 }
 
+bool prefix_pool::covers(std::span<const int32_t> held, std::span<const int32_t> tokens) const {
+    return held.size() >= tokens.size() && int64_t(held.size() - tokens.size()) <= opts_.rollback &&
+           std::equal(tokens.begin(), tokens.end(), held.begin());
+}
+
+void prefix_pool::check_counts() const {
+    const int64_t kept = int64_t(kept_.size()), free = int64_t(free_.size());
+    MS_ASSERT(kept <= opts_.cached && free + kept <= total_);
+    MS_ASSERT_MSG(total_ - free - kept <= opts_.running, "no more states out than running sequences");
+}
+
 std::unique_ptr<dsv41::sequence_state> prefix_pool::take_free() {
     MS_ASSERT_MSG(!free_.empty(), "a free state is always left for an admission (running < max)");
     auto s = std::move(free_.back());
     free_.pop_back();
     MS_ASSERT(s->size() == 0);
     return s;
+}
+
+void prefix_pool::release(std::unique_ptr<dsv41::sequence_state> s) {
+    const status st = s->truncate(0);
+    MS_ASSERT(st.ok());
+    free_.push_back(std::move(s));
+}
+
+void prefix_pool::make_room() {
+    if (int64_t(kept_.size()) < opts_.cached) return;
+    auto lru = std::min_element(kept_.begin(), kept_.end(),
+                                [](const kept_state& a, const kept_state& b) { return a.used < b.used; });
+    release(std::move(lru->state));
+    kept_.erase(lru);
+}
+
+uint64_t prefix_pool::add_kept(std::unique_ptr<dsv41::sequence_state> s) {
+    MS_ASSERT(opts_.cached > 0 && s->size() > 0);
+    make_room();
+    kept_.push_back({std::move(s), ++clock_, ++next_id_});
+    return next_id_;
 }
 
 prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool reuse,
@@ -85,28 +117,50 @@ prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool re
     }
     MS_ASSERT(g.state->size() == g.reused);
     MS_ASSERT(std::equal(prompt.begin(), prompt.begin() + g.reused, g.state->tokens().begin()));
+    check_counts();
     return g;
 }
 
-void prefix_pool::give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep) {
+void prefix_pool::give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep, uint64_t checkpoint) {
     MS_ASSERT(state != nullptr);
-    const auto release = [&](std::unique_ptr<dsv41::sequence_state> s) {
-        const status st = s->truncate(0);
-        MS_ASSERT(st.ok());
-        free_.push_back(std::move(s));
-    };
     if (!keep || state->size() == 0 || opts_.cached == 0) {
         release(std::move(state));
     } else {
-        if (int64_t(kept_.size()) == opts_.cached) {
-            auto lru = std::min_element(kept_.begin(), kept_.end(),
-                                        [](const kept_state& a, const kept_state& b) { return a.used < b.used; });
-            release(std::move(lru->state));
-            kept_.erase(lru);
+        // A final state that covers its prompt's checkpoint serves, from a truncated copy, every
+        // prompt that extends that prompt (and those that part from it less than rollback minus
+        // what it generated before its end): one conversation need not hold two places.
+        const auto cp =
+            std::find_if(kept_.begin(), kept_.end(), [&](const kept_state& k) { return k.id == checkpoint; });
+        if (checkpoint != 0 && cp != kept_.end() && covers(state->tokens(), cp->state->tokens())) {
+            release(std::move(cp->state));
+            kept_.erase(cp);
         }
-        kept_.push_back({std::move(state), ++clock_});
+        add_kept(std::move(state));
     }
-    MS_ASSERT(int64_t(free_.size() + kept_.size()) <= total_ && int64_t(kept_.size()) <= opts_.cached);
+    check_counts();
+}
+
+uint64_t prefix_pool::keep_prefix(const dsv41::sequence_state& running, int64_t n) {
+    MS_ASSERT(n >= 0 && n <= running.size() && running.size() - n <= opts_.rollback);
+    if (opts_.cached == 0 || n == 0) return 0;
+    const auto prefix = running.tokens().first(size_t(n));
+    for (auto& k : kept_)
+        if (covers(k.state->tokens(), prefix)) {
+            k.used = ++clock_;
+            return 0;
+        }
+    // Evicting first leaves a free state even when every running sequence holds one (see
+    // check_counts): the copy never takes the place of an admission.
+    make_room();
+    auto copy = take_free();
+    copy->copy_from(running);  // same shapes: the memory is reused, nothing is allocated
+    if (copy->size() > n) {
+        const status st = copy->truncate(n);
+        MS_ASSERT_MSG(st.ok(), "n is within rollback of the running state's size");
+    }
+    const uint64_t id = add_kept(std::move(copy));
+    check_counts();
+    return id;
 }
 
 }  // namespace moestream

@@ -4,6 +4,12 @@
 // sequence gets a state that already holds the longest usable prefix of its prompt, taken from a
 // kept state or copied from a running one, and then processes only the rest.
 //
+// A running sequence may also leave a copy of its state at the end of its prompt (keep_prefix):
+// a finished state that ran more than `rollback` tokens past its prompt can no longer be
+// truncated back there, and chat clients re-tokenize a reply differently from how it was
+// generated, so the next turn often parts from the kept state within the reply; the prompt's
+// checkpoint still serves the whole earlier prompt.
+//
 // A state is consistent at every step boundary: a forward either consumes all of an item's tokens
 // or changes nothing (model::forward), so tokens() is exactly what its caches hold, whatever
 // ended its sequence (a cancel between steps, a stop token, an error). Not thread-safe: the
@@ -21,7 +27,7 @@ namespace moestream {
 
 struct prefix_pool_options {
     int64_t running = 8;       // states held by running sequences at most
-    int64_t cached = 4;        // finished states kept at most
+    int64_t cached = 4;        // kept states (finished sequences, prompt checkpoints) at most
     int64_t context = 8192;    // positions per state
     int64_t rollback = 64;     // how far back a state can be truncated
     int64_t min_copy = 16;     // a copied prefix pays from this length (or from half the prompt)
@@ -43,8 +49,15 @@ class prefix_pool {
     grant acquire(std::span<const int32_t> prompt, bool reuse,
                   std::span<const dsv41::sequence_state* const> running);
     // A finished sequence's state: kept (evicting the least recently used one when the pool is
-    // full) when `keep` and non-empty, else freed.
-    void give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep);
+    // full) when `keep` and non-empty, else freed. `checkpoint`: the id keep_prefix gave for the
+    // sequence's prompt, dropped when the kept state covers it (serves every prompt it served in
+    // place, see covers()); ignored when that state is no longer kept.
+    void give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep, uint64_t checkpoint = 0);
+    // Keeps a copy of a running state truncated to its first n tokens (n within rollback of its
+    // size), evicting the least recently used kept state when the pool is full; its id for
+    // give_back. 0 when nothing was copied: the pool keeps nothing, or a kept state already
+    // covers those tokens (it becomes the most recently used instead).
+    uint64_t keep_prefix(const dsv41::sequence_state& running, int64_t n);
 
     int64_t kept() const { return int64_t(kept_.size()); }
     int64_t free() const { return int64_t(free_.size()); }
@@ -54,19 +67,32 @@ class prefix_pool {
     // at most prompt.size() - 1, and only if the state can be truncated there (within rollback);
     // 0 when it cannot serve.
     int64_t usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const;
+    // Whether a state holding `held` can become one holding exactly `tokens`: they are its first
+    // tokens and it holds at most `rollback` more.
+    bool covers(std::span<const int32_t> held, std::span<const int32_t> tokens) const;
 
   private:
     struct kept_state {
         std::unique_ptr<dsv41::sequence_state> state;
         uint64_t used = 0;  // LRU clock
+        uint64_t id = 0;    // for give_back's checkpoint; never 0
     };
     std::unique_ptr<dsv41::sequence_state> take_free();
+    void release(std::unique_ptr<dsv41::sequence_state> s);
+    // Frees the least recently used kept state when the pool is full.
+    void make_room();
+    // Adds a kept state, making room first; its id.
+    uint64_t add_kept(std::unique_ptr<dsv41::sequence_state> s);
+    // Every state is free, kept or out (held by a running sequence): no more kept than `cached`,
+    // no more out than `running`, so a free state is left whenever fewer than `running` are out.
+    void check_counts() const;
 
     prefix_pool_options opts_;
     int64_t total_;
     std::vector<std::unique_ptr<dsv41::sequence_state>> free_;
     std::vector<kept_state> kept_;
     uint64_t clock_ = 0;
+    uint64_t next_id_ = 0;
 };
 
 }  // namespace moestream

@@ -28,8 +28,10 @@
 //              request_prefill_time,request_decode_time}_seconds (h)
 //   moestream:request_prompt_tokens (h), moestream:request_generation_tokens (h)
 //   moestream:num_requests_running (g), moestream:num_requests_waiting (g)
-//   moestream:prefix_cached_sequences (g)       finished sequences kept for prefix reuse
+//   moestream:prefix_cached_sequences (g)       states kept for prefix reuse (finished sequences and
+//                                               prompt checkpoints)
 //   moestream:prefix_cache_queries_total (c), moestream:prefix_cache_hits_total (c)   in tokens
+//   moestream:prefix_checkpoints_total (c)      prompt checkpoints kept (scheduler/engine.h)
 //   moestream:prompt_tokens_total (c), moestream:generation_tokens_total (c)   of finished requests
 //   moestream:request_success_total{finished_reason="stop|length|abort|error"} (c)
 //   moestream:http_requests_total{handler,method,status} (c)

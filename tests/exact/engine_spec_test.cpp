@@ -29,6 +29,7 @@ struct outcome {
     std::vector<double> logprobs;
     std::string reason;
     int64_t draft_n = -1, draft_n_accepted = -1;
+    int64_t cached_tokens = -1;
 };
 
 outcome collect(generation& g) {
@@ -39,6 +40,7 @@ outcome collect(generation& g) {
             o.reason = e.finish_reason;
             o.draft_n = e.draft_n;
             o.draft_n_accepted = e.draft_n_accepted;
+            o.cached_tokens = e.cached_tokens;
             return true;
         }
         o.tokens.push_back(e.token);
@@ -359,6 +361,68 @@ BOOST_AUTO_TEST_CASE(the_draft_head_drafts_in_a_batch_what_it_drafts_alone, *nee
         for (size_t i = 0; i < alone[p].size(); ++i)
             BOOST_TEST(same_bits(batched[p][i], alone[p][i]), "prompt of " << p.size() << " tokens, draft " << i);
     }
+}
+
+// A speculating sequence's prompt checkpoint is taken before a step's verification rows (rolled
+// back or not) could reach more than rollback past its prompt: with drafts of 5 that half stand
+// and a rollback of 8, the next turn starts from it and gets plain serving's bits.
+BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach, *needs()) {
+    auto& m = fixture(kFx);
+    engine_options o;
+    o.max_sequences = 2;
+    o.prefill_chunk = 16;
+    o.context_tokens = 128;
+    o.cached_sequences = 2;
+    o.rollback = 8;
+    const auto base = prompt_ids(kFx, 40);
+    const auto greedy = [](std::vector<int32_t> prompt, int64_t n, bool reuse) {
+        generation_request r;
+        r.prompt = std::move(prompt);
+        r.sampling.temperature = 0;
+        r.sampling.n_probs = 2;
+        r.max_tokens = n;
+        r.reuse_prefix = reuse;
+        return r;
+    };
+    const auto run = [](engine& eng, generation_request r) {
+        auto g = eng.submit(std::move(r));
+        BOOST_TEST_REQUIRE(g.ok());
+        return collect(**g);
+    };
+    outcome plain1;
+    {
+        engine plain(*m.model, o);
+        plain1 = run(plain, greedy(base, 40, false));
+    }
+    BOOST_TEST_REQUIRE(plain1.tokens.size() == 40u);
+    std::vector<int32_t> turn2 = base;
+    turn2.push_back((plain1.tokens[0] + 1) % int32_t(m.hp().vocab));  // the reply, tokenized otherwise
+    turn2.insert(turn2.end(), plain1.tokens.begin() + 1, plain1.tokens.end());
+    turn2.insert(turn2.end(), {7, 8, 9});
+    outcome plain2;
+    {
+        engine plain(*m.model, o);
+        plain2 = run(plain, greedy(turn2, 8, false));
+    }
+    engine_options s = o;
+    s.spec.k = 5;
+    s.spec.adaptive = false;
+    s.spec.make_drafter = [&](const std::vector<int32_t>& prompt, const dsv41::sequence_state&) {
+        return prompt == base ? std::unique_ptr<spec::drafter>(std::make_unique<spec::oracle_drafter>(
+                                    plain1.tokens, int64_t(base.size()), 0.5, int32_t(m.hp().vocab), 5))
+                              : nullptr;
+    };
+    BOOST_TEST_REQUIRE(validate(s.spec, *m.model).ok());
+    engine eng(*m.model, s);
+    const auto t1 = run(eng, greedy(base, 40, true));
+    BOOST_TEST(t1.tokens == plain1.tokens);
+    BOOST_TEST(t1.logprobs == plain1.logprobs);
+    BOOST_TEST((t1.draft_n_accepted > 0 && t1.draft_n_accepted < t1.draft_n), "drafts partly stand");
+    BOOST_TEST(eng.stats().prefix_checkpoints == 1u);
+    const auto t2 = run(eng, greedy(turn2, 8, true));
+    BOOST_TEST(t2.cached_tokens == 40);
+    BOOST_TEST(t2.tokens == plain2.tokens);
+    BOOST_TEST(t2.logprobs == plain2.logprobs);
 }
 
 BOOST_AUTO_TEST_CASE(speculation_options_are_checked, *needs()) {

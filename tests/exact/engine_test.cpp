@@ -403,6 +403,67 @@ BOOST_AUTO_TEST_CASE(a_running_sequence_serves_a_prefix, *needs()) {
     BOOST_TEST(eng.stats().prefix_hit_tokens == uint64_t(b.cached_tokens));
 }
 
+// Turn 1 generates more than rollback tokens; turn 2 is turn 1's prompt, its reply tokenized
+// otherwise (from its first token on) and a new turn, as chat clients send it. The finished state
+// cannot be truncated back to where they part, the prompt's checkpoint serves turn 1's whole
+// prompt: bit for bit what a fresh engine gives. A reply that ends within rollback (its final
+// state serves), a short prompt and an engine without a pool make no checkpoint; a cancelled
+// sequence keeps its.
+BOOST_AUTO_TEST_CASE(a_prompt_checkpoint_serves_the_next_turn_after_a_long_reply, *needs()) {
+    auto& m = fixture(kFx);
+    const auto opts = prefix_options(2, 16);  // prompts in chunks of 16
+    const auto base = prompt_ids(kFx, 40);
+    const auto next_turn = [&](const outcome& t1) {
+        std::vector<int32_t> retokenized{other(t1.tokens[0])};
+        retokenized.insert(retokenized.end(), t1.tokens.begin() + 1, t1.tokens.end());
+        return concat(concat(base, retokenized), {7, 8, 9});
+    };
+    engine eng(*m.model, opts);
+    const auto t1 = run(eng, sampled_request(base, 30));
+    BOOST_TEST_REQUIRE(t1.tokens.size() == 30u);
+    BOOST_TEST(eng.stats().prefix_checkpoints == 1u);
+    BOOST_TEST(eng.stats().cached_sequences == 2, "the checkpoint and the final state");
+    const auto r2 = sampled_request(next_turn(t1), 8);
+    const auto t2 = run(eng, r2);
+    BOOST_TEST(t2.cached_tokens == 40, "turn 1's whole prompt");
+    same_as_fresh(t2, fresh(m, r2, opts), "turn 2 from the checkpoint");
+    BOOST_TEST(eng.stats().prefix_checkpoints == 1u, "8 tokens: turn 2's final state serves its prompt");
+
+    // The same turns without checkpoints: nothing serves turn 2.
+    engine_options without = opts;
+    without.prompt_checkpoints = false;
+    engine plain(*m.model, without);
+    BOOST_TEST(run(plain, sampled_request(base, 30)).tokens == t1.tokens);
+    BOOST_TEST(run(plain, r2).cached_tokens == 0);
+    BOOST_TEST(plain.stats().prefix_checkpoints == 0u);
+
+    // Short replies, a short prompt (under min_copy, 16), no pool: nothing is copied.
+    engine other_eng(*m.model, opts);
+    run(other_eng, sampled_request(base, 12));
+    run(other_eng, greedy_request(std::vector<int32_t>(base.begin(), base.begin() + 7), 30));
+    BOOST_TEST(other_eng.stats().prefix_checkpoints == 0u);
+    engine no_pool(*m.model, prefix_options(0, 16));
+    run(no_pool, sampled_request(base, 30));
+    BOOST_TEST(no_pool.stats().prefix_checkpoints == 0u);
+    BOOST_TEST(no_pool.stats().cached_sequences == 0);
+
+    // Cancelled after 25 tokens (of up to ~980: still running when the cancel comes): its
+    // checkpoint serves the next turn.
+    engine_options long_context = opts;
+    long_context.context_tokens = 1024;
+    engine cancelling(*m.model, long_context);
+    auto g = cancelling.submit(sampled_request(base, 0));
+    BOOST_TEST_REQUIRE(g.ok());
+    const auto c1 = collect(**g, 25);
+    BOOST_TEST(c1.reason == "cancelled");
+    BOOST_TEST_REQUIRE(c1.tokens.size() >= 25u);
+    BOOST_TEST(cancelling.stats().prefix_checkpoints == 1u);
+    const auto rc = sampled_request(next_turn(c1), 6);
+    const auto c2 = run(cancelling, rc);
+    BOOST_TEST(c2.cached_tokens == 40);
+    same_as_fresh(c2, fresh(m, rc, long_context), "the turn after a cancelled one");
+}
+
 BOOST_AUTO_TEST_CASE(log_probabilities_timings_and_counters, *needs()) {
     auto& m = fixture(kFx);
     engine_options opts = prefix_options(2, 16);

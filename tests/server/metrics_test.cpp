@@ -212,6 +212,7 @@ engine_stats some_engine_stats() {
     e.prefix_queries_tokens = 1000;
     e.prefix_hit_tokens = 600;
     e.cached_sequences = 4;
+    e.prefix_checkpoints = 3;
     e.busy_s = 12.5;
     e.spec_drafts = 9;
     e.spec_draft_tokens = 30;
@@ -335,6 +336,7 @@ BOOST_AUTO_TEST_CASE(render_is_valid_exposition_with_the_expected_values) {
           "moestream:request_prefill_time_seconds", "moestream:request_decode_time_seconds",
           "moestream:request_prompt_tokens", "moestream:request_generation_tokens", "moestream:num_requests_running",
           "moestream:num_requests_waiting", "moestream:prefix_cache_queries_total", "moestream:prefix_cache_hits_total",
+          "moestream:prefix_checkpoints_total",
           "moestream:prompt_tokens_total", "moestream:generation_tokens_total", "moestream:request_success_total",
           "moestream:http_requests_total", "moestream:expert_device_hits_total", "moestream:expert_disk_bytes_total",
           "moestream:expert_reads_in_flight_mean", "moestream:disk_read_seconds_total", "moestream:engram_bytes_total"})
@@ -351,6 +353,7 @@ BOOST_AUTO_TEST_CASE(render_is_valid_exposition_with_the_expected_values) {
     BOOST_TEST(value_of(p, "moestream:prefix_cache_queries_total") == 1000.0);
     BOOST_TEST(value_of(p, "moestream:prefix_cache_hits_total") == 600.0);
     BOOST_TEST(value_of(p, "moestream:prefix_cached_sequences") == 4.0);
+    BOOST_TEST(value_of(p, "moestream:prefix_checkpoints_total") == 3.0);
     BOOST_TEST(value_of(p, "moestream:engine_busy_seconds_total") == 12.5);
     BOOST_TEST(value_of(p, "moestream:prompt_tokens_total") == 105.0);
     BOOST_TEST(value_of(p, "moestream:generation_tokens_total") == 16.0);
