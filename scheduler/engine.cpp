@@ -176,13 +176,15 @@ void engine::finish(active& a, std::string reason, bool keep_state) {
 void engine::checkpoint_prompt(active& a) {
     const int64_t prompt = int64_t(a.req.prompt.size());
     if (!a.checkpoint_due || a.prompt_done < prompt) return;
-    MS_ASSERT(a.seq->size() >= prompt && a.seq->size() - prompt <= opts_.rollback);
+    MS_ASSERT(a.seq->size() >= prompt && a.seq->can_truncate_to(prompt));
     // Until then the state itself can be truncated back to the prompt's end: it serves the
     // prompt while it runs (copied) and once finished (kept), and a sequence that ends before
-    // needs no copy. The next step feeds its sampled token and at most spec_cap drafts, whose
-    // rows overwrite ring slots even when rolled back.
+    // needs no copy. The state refuses a truncation its rings no longer serve, but cannot undo
+    // the overwrite: the copy is due before the step that could take that away, which feeds the
+    // sampled token and at most spec_cap drafts, whose rows overwrite ring slots even when rolled
+    // back.
     const int64_t next_rows = 1 + a.spec_cap;
-    if (a.seq->size() + next_rows <= prompt + opts_.rollback) return;
+    if (a.seq->truncation_floor(next_rows) <= prompt) return;
     a.checkpoint_due = false;
     // A scored prompt's state is not offered for reuse (see finish); a short one is cheaper to
     // process again than to copy.

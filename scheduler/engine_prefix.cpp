@@ -15,19 +15,20 @@ prefix_pool::prefix_pool(const dsv41::model& m, prefix_pool_options opts)
         free_.push_back(m.new_sequence(opts_.context, opts_.rollback));
 }
 
-int64_t prefix_pool::usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const {
-    const auto [h, p] = std::mismatch(held.begin(), held.end(), prompt.begin(), prompt.end());
+int64_t prefix_pool::usable(const dsv41::sequence_state& held, std::span<const int32_t> prompt) const {
+    const auto tokens = held.tokens();
+    const auto [h, p] = std::mismatch(tokens.begin(), tokens.end(), prompt.begin(), prompt.end());
     (void)p;
-    const int64_t common = int64_t(h - held.begin());
+    const int64_t common = int64_t(h - tokens.begin());
     const int64_t n = std::min<int64_t>(common, int64_t(prompt.size()) - 1);
     if (n <= 0) return 0;
-    if (int64_t(held.size()) - n > opts_.rollback) return 0;  // the rings no longer hold what lies there
+    if (!held.can_truncate_to(n)) return 0;  // the rings no longer hold what lies there
     return n;
 }
 
-bool prefix_pool::covers(std::span<const int32_t> held, std::span<const int32_t> tokens) const {
-    return held.size() >= tokens.size() && int64_t(held.size() - tokens.size()) <= opts_.rollback &&
-           std::equal(tokens.begin(), tokens.end(), held.begin());
+bool prefix_pool::covers(const dsv41::sequence_state& held, std::span<const int32_t> tokens) const {
+    return held.size() >= int64_t(tokens.size()) && held.can_truncate_to(int64_t(tokens.size())) &&
+           std::equal(tokens.begin(), tokens.end(), held.tokens().begin());
 }
 
 void prefix_pool::check_counts() const {
@@ -87,7 +88,7 @@ prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool re
         bool in_place = false;
     } best;
     const auto consider = [&](const dsv41::sequence_state& s, int64_t kept_index) {
-        const int64_t n = usable(s.tokens(), prompt);
+        const int64_t n = usable(s, prompt);
         const bool in_place = kept_index >= 0 && n == s.size();
         if (!pays(n, in_place)) return;
         // Longest first; at equal length, no copy rather than a copy.
@@ -110,7 +111,7 @@ prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool re
         g.state->copy_from(*best.from);  // same shapes: the memory is reused, nothing is allocated
         if (g.state->size() > best.n) {
             const status st = g.state->truncate(best.n);
-            MS_ASSERT_MSG(st.ok(), "usable() checked the rollback");
+            MS_ASSERT_MSG(st.ok(), "usable() checked can_truncate_to");
         }
         g.copied = true;
         if (best.kept_index >= 0) kept_[size_t(best.kept_index)].used = ++clock_;
@@ -131,7 +132,7 @@ void prefix_pool::give_back(std::unique_ptr<dsv41::sequence_state> state, bool k
         // what it generated before its end): one conversation need not hold two places.
         const auto cp =
             std::find_if(kept_.begin(), kept_.end(), [&](const kept_state& k) { return k.id == checkpoint; });
-        if (checkpoint != 0 && cp != kept_.end() && covers(state->tokens(), cp->state->tokens())) {
+        if (checkpoint != 0 && cp != kept_.end() && covers(*state, cp->state->tokens())) {
             release(std::move(cp->state));
             kept_.erase(cp);
         }
@@ -141,11 +142,11 @@ void prefix_pool::give_back(std::unique_ptr<dsv41::sequence_state> state, bool k
 }
 
 uint64_t prefix_pool::keep_prefix(const dsv41::sequence_state& running, int64_t n) {
-    MS_ASSERT(n >= 0 && n <= running.size() && running.size() - n <= opts_.rollback);
+    MS_ASSERT(n >= 0 && running.can_truncate_to(n));
     if (opts_.cached == 0 || n == 0) return 0;
     const auto prefix = running.tokens().first(size_t(n));
     for (auto& k : kept_)
-        if (covers(k.state->tokens(), prefix)) {
+        if (covers(*k.state, prefix)) {
             k.used = ++clock_;
             return 0;
         }
@@ -156,7 +157,7 @@ uint64_t prefix_pool::keep_prefix(const dsv41::sequence_state& running, int64_t 
     copy->copy_from(running);  // same shapes: the memory is reused, nothing is allocated
     if (copy->size() > n) {
         const status st = copy->truncate(n);
-        MS_ASSERT_MSG(st.ok(), "n is within rollback of the running state's size");
+        MS_ASSERT_MSG(st.ok(), "asserted above");
     }
     const uint64_t id = add_kept(std::move(copy));
     check_counts();

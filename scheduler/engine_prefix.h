@@ -53,8 +53,8 @@ class prefix_pool {
     // sequence's prompt, dropped when the kept state covers it (serves every prompt it served in
     // place, see covers()); ignored when that state is no longer kept.
     void give_back(std::unique_ptr<dsv41::sequence_state> state, bool keep, uint64_t checkpoint = 0);
-    // Keeps a copy of a running state truncated to its first n tokens (n within rollback of its
-    // size), evicting the least recently used kept state when the pool is full; its id for
+    // Keeps a copy of a running state truncated to its first n tokens (running.can_truncate_to(n)),
+    // evicting the least recently used kept state when the pool is full; its id for
     // give_back. 0 when nothing was copied: the pool keeps nothing, or a kept state already
     // covers those tokens (it becomes the most recently used instead).
     uint64_t keep_prefix(const dsv41::sequence_state& running, int64_t n);
@@ -63,13 +63,13 @@ class prefix_pool {
     int64_t free() const { return int64_t(free_.size()); }
     const prefix_pool_options& options() const { return opts_; }
 
-    // How many of `prompt`'s first tokens a state holding `held` can serve: the common prefix,
-    // at most prompt.size() - 1, and only if the state can be truncated there (within rollback);
-    // 0 when it cannot serve.
-    int64_t usable(std::span<const int32_t> held, std::span<const int32_t> prompt) const;
-    // Whether a state holding `held` can become one holding exactly `tokens`: they are its first
-    // tokens and it holds at most `rollback` more.
-    bool covers(std::span<const int32_t> held, std::span<const int32_t> tokens) const;
+    // How many of `prompt`'s first tokens the state `held` can serve: the common prefix, at most
+    // prompt.size() - 1, and only if the state can be truncated there (within rollback, counting
+    // verification rows it rolled back: see sequence_state::can_truncate_to); 0 when it cannot.
+    int64_t usable(const dsv41::sequence_state& held, std::span<const int32_t> prompt) const;
+    // Whether the state `held` can become one holding exactly `tokens`: they are its first tokens
+    // and it can be truncated to their end.
+    bool covers(const dsv41::sequence_state& held, std::span<const int32_t> tokens) const;
 
   private:
     struct kept_state {

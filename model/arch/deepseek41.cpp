@@ -627,6 +627,7 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
                                       seq.draft_rings_[size_t(s)] + (p % cap) * hd, 1});
         }
         seq.tokens_.insert(seq.tokens_.end(), batch[i].tokens.begin(), batch[i].tokens.end());
+        seq.rings_written_ = std::max(seq.rings_written_, seq.size());  // rolled-back rows may have reached further
         if (draft_) {
             be_.copy(seq.last_main_hidden_, ws.taps.data() + (it.first + it.count - 1) * n_taps * dim,
                      size_t(n_taps * dim) * sizeof(float));

@@ -271,8 +271,15 @@ class sequence_state {
     int64_t size() const { return int64_t(tokens_.size()); }
     int64_t capacity() const { return max_tokens_; }
     std::span<const int32_t> tokens() const { return tokens_; }
-    // Forgets every position >= n; n must be within `rollback` of the current size (or 0).
+    // Forgets every position >= n; an error unless can_truncate_to(n).
     status truncate(int64_t n);
+    // Whether truncate(n) succeeds: n is 0 (starting over), or n <= size() and the window and
+    // DSpark rings still hold the `window` positions before n (the next forward and draft read
+    // them). Without rolled-back rows that is n >= size() - rollback.
+    bool can_truncate_to(int64_t n) const { return n == 0 || (n > 0 && n <= size() && n >= truncation_floor()); }
+    // The smallest n > 0 truncate() accepts; with `rows_ahead`, once a forward of that many rows
+    // has run (whether they are kept or rolled back afterwards: each overwrites a ring slot).
+    int64_t truncation_floor(int64_t rows_ahead = 0) const;
     // Becomes a copy of `other` (same backend, shapes and rollback): one pass over its memory.
     void copy_from(const sequence_state& other);
     // The taps of the latest forward's last row (mean of the streams entering the tap layers), as
@@ -296,6 +303,13 @@ class sequence_state {
     int64_t rollback_;
     backend_array<std::byte> memory_;
     std::vector<int32_t> tokens_;
+    // Positions [0, rings_written_) were written to the rings since the last truncate(0). Those at
+    // size() and beyond were rolled back (rejected verification rows), but each overwrote the ring
+    // slot of the position ring_capacity_ before it, so the rings hold exactly the positions
+    // [rings_written_ - ring_capacity_, size()). Always >= size(); == size() without rollbacks.
+    // The compressed caches, index keys and ratio-2 pending pairs are indexed by position, not
+    // ring slots: rows past size() write only entries a later forward rewrites before reading.
+    int64_t rings_written_ = 0;
     std::vector<uint16_t*> rings_;        // per layer [ring_capacity, head_dim], bf16 (attention keys)
     std::vector<source_cache> sources_;   // one per kv source layer
     std::vector<uint16_t*> draft_rings_;  // per DSpark stage, as rings_

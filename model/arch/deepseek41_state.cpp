@@ -65,15 +65,30 @@ sequence_state::sequence_state(backend& be, const hparams& hp, int64_t max_token
     }
 }
 
+int64_t sequence_state::truncation_floor(int64_t rows_ahead) const {
+    // Every truncate() kept size() >= floor, and a forward moves both ends up together.
+    MS_ASSERT(rows_ahead >= 0 && rings_written_ >= size() && rings_written_ - size() <= rollback_);
+    // Position n's forward reads the window - 1 positions before it from the rings and the draft
+    // at size n reads `window` (n - window .. n - 1); they are held from written - capacity on:
+    // n - window >= written - (window + rollback).
+    const int64_t written = std::max(rings_written_, size() + rows_ahead);
+    return std::max<int64_t>(0, written - rollback_);
+}
+
 status sequence_state::truncate(int64_t n) {
     if (n < 0 || n > size())
         return make_error("cannot truncate a sequence of " + std::to_string(size()) + " tokens to " + std::to_string(n));
-    if (n != 0 && n < size() - rollback_)
-        return make_error("cannot truncate back " + std::to_string(size() - n) + " positions: the window rings keep " +
-                          std::to_string(rollback_) + " (start the sequence again instead)");
+    if (!can_truncate_to(n))
+        return make_error("cannot truncate a sequence of " + std::to_string(size()) + " tokens back to " +
+                          std::to_string(n) + ": the window rings keep what it needs only from " +
+                          std::to_string(truncation_floor()) + " on (rollback " + std::to_string(rollback_) + ", " +
+                          std::to_string(rings_written_ - size()) +
+                          " rolled-back positions written past the end; start the sequence again instead)");
     tokens_.resize(size_t(n));
     for (auto& c : sources_) c.entries = n / c.ratio;
     has_main_hidden_ = false;
+    // Starting over: nothing before position 0 is ever read, so no slot is stale any more.
+    if (n == 0) rings_written_ = 0;
     return {};
 }
 
@@ -84,6 +99,7 @@ void sequence_state::copy_from(const sequence_state& other) {
                   "copy_from needs a sequence of the same shape");
     be_->copy(memory_.data(), other.memory_.data(), memory_.bytes());
     tokens_ = other.tokens_;
+    rings_written_ = other.rings_written_;
     for (size_t i = 0; i < sources_.size(); ++i) sources_[i].entries = other.sources_[i].entries;
     has_main_hidden_ = other.has_main_hidden_;
 }

@@ -3,7 +3,8 @@
 // prompt's end, while the prompt's checkpoint (keep_prefix) serves the whole earlier prompt, with
 // the bits of processing it again; the checkpoint is dropped when the final state covers it and
 // never copied twice or without a pool; under a full pool it evicts the least recently used
-// state and a free state is left for every admission.
+// state and a free state is left for every admission; a state that speculated serves only what
+// its rings still hold.
 #include <boost/test/unit_test.hpp>
 
 #include "../common/test_support.h"
@@ -77,8 +78,8 @@ BOOST_AUTO_TEST_CASE(the_prompt_checkpoint_serves_what_the_finished_state_cannot
     BOOST_TEST(pool.free() == 2);  // 4 states: one out, one kept
     BOOST_TEST(t1.state->size() == 50, "the running state is not changed");
     feed(m, *t1.state, std::span(generated).subspan(10));
-    BOOST_TEST(pool.usable(t1.state->tokens(), p2) == 0, "30 tokens past the common prefix: refused");
-    BOOST_TEST(!pool.covers(t1.state->tokens(), p1));
+    BOOST_TEST(pool.usable(*t1.state, p2) == 0, "30 tokens past the common prefix: refused");
+    BOOST_TEST(!pool.covers(*t1.state, p1));
     pool.give_back(std::move(t1.state), true, checkpoint);
     BOOST_TEST(pool.kept() == 2, "the final state does not cover the checkpoint: both are kept");
 
@@ -115,7 +116,7 @@ BOOST_AUTO_TEST_CASE(a_covered_checkpoint_is_dropped_and_never_copied_twice, *ne
     BOOST_TEST(pool.keep_prefix(*a.state, 40) == 0u, "the kept checkpoint covers it");
     BOOST_TEST(pool.kept() == 1);
     feed(m, *a.state, reply(5, 16));  // exactly rollback past the prompt
-    BOOST_TEST(pool.covers(a.state->tokens(), p));
+    BOOST_TEST(pool.covers(*a.state, p));
     pool.give_back(std::move(a.state), true, checkpoint);
     BOOST_TEST(pool.kept() == 1, "the final state replaced the checkpoint");
     BOOST_TEST(pool.free() == 3);
@@ -138,6 +139,40 @@ BOOST_AUTO_TEST_CASE(a_covered_checkpoint_is_dropped_and_never_copied_twice, *ne
     BOOST_TEST(none.free() == 1);
     none.give_back(std::move(c.state), true);
     BOOST_TEST(none.free() == 2);
+}
+
+// A kept state that speculated: 8 verification rows of which 1 is kept (rollback 16, window 8:
+// 24 ring slots) leave it at 41 positions, but the rejected rows at 41..47 overwrote the slots of
+// 17..23. A prompt parting from it at 28 (13 back, within rollback) is not served from it; one
+// parting at 34 is, with a fresh state's bits; neither state covers less than it truly holds.
+BOOST_AUTO_TEST_CASE(a_speculated_state_serves_only_what_its_rings_hold, *needs()) {
+    auto& m = fixture(kFx);
+    BOOST_TEST_REQUIRE(m.hp().window == 8);  // the positions below assume it
+    prefix_pool pool(*m.model, pool_options(2, 2));
+    const auto p = prompt_ids(kFx, 40);
+    auto a = pool.acquire(p, true, {});
+    finish_prompt(m, a, p);
+    feed(m, *a.state, reply(200, 8));  // a verification block: its first row is kept
+    BOOST_TEST_REQUIRE(a.state->truncate(41).ok());
+    BOOST_TEST(a.state->truncation_floor() == 48 - 16);
+    const auto head = [&](int64_t n) { return std::vector<int32_t>(p.begin(), p.begin() + n); };
+    BOOST_TEST(!pool.covers(*a.state, head(31)));
+    BOOST_TEST(pool.covers(*a.state, head(32)));
+    pool.give_back(std::move(a.state), true);
+    BOOST_TEST_REQUIRE(pool.kept() == 1);
+
+    const auto fresh_logits = [&](const std::vector<int32_t>& prompt) {
+        auto fresh = m.sequence(160);
+        return feed(m, *fresh, prompt);
+    };
+    for (const auto& [parts_at, served] : {std::pair{28, 0}, std::pair{34, 34}}) {
+        const auto q = concat(head(parts_at), {7, 8, 9});
+        auto g = pool.acquire(q, true, {});
+        BOOST_TEST(g.reused == served, "parting at " << parts_at);
+        BOOST_TEST(same_bits(finish_prompt(m, g, q), fresh_logits(q)), "parting at " << parts_at);
+        pool.give_back(std::move(g.state), false);
+    }
+    BOOST_TEST(pool.kept() == 1, "the speculated state stays kept (it served a copy)");
 }
 
 // Two kept states and two running sequences: every state is out or kept. Each checkpoint evicts

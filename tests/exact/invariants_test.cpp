@@ -1,7 +1,8 @@
 // The model's own invariants (issue: exactness): prompt processed in one batch, in chunks or token
 // by token gives the same logits; reruns and thread counts are bit-identical; several sequences in
 // one forward equal each alone; zeroed engram tables equal engram disabled; truncation restores
-// the state exactly; a failed forward changes nothing.
+// the state exactly, and is refused where rolled-back rows overwrote the ring slots it needs; a
+// failed forward changes nothing.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -31,6 +32,17 @@ std::vector<float> run_chunked(fixture_model& m, const std::vector<int32_t>& tok
 }
 
 auto needs() { return requires_path(fixtures_dir() / kFx / "model.safetensors"); }
+
+std::vector<int32_t> concat_tokens(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+}
+
+// Feeds `tokens` in one forward: every row's logits.
+void feed_all(fixture_model& m, dsv41::sequence_state& s, const std::vector<int32_t>& tokens, std::vector<float>& out) {
+    dsv41::forward_item item{&s, tokens, true};
+    BOOST_TEST_REQUIRE(m.model->forward({&item, 1}, out).ok());
+}
 
 // Counts the calls and checks the protocol: need() before get(), announced experts only.
 struct checking_experts final : dsv41::expert_source {
@@ -165,6 +177,60 @@ BOOST_AUTO_TEST_CASE(truncate_restores_the_state, *needs()) {
     BOOST_TEST(!seq->truncate(2).ok());   // beyond what the window rings keep
     BOOST_TEST(!seq->truncate(99).ok());  // beyond the end
     BOOST_TEST(seq->truncate(0).ok());    // starting over is always possible
+}
+
+// A verification block writes ring slots for all its rows, also those rolled back: after 6 rows
+// of which 1 is kept (rollback 8, window 8: 16 ring slots), the rejected rows at 41..45 overwrote
+// the slots of 25..29, so the state can go back to 38 but no further, although 33 is within
+// rollback of its size. Every truncation it accepts, of a copy, gives a fresh state's logits and
+// draft; without the rolled-back rows it accepts everything within rollback, as before.
+BOOST_AUTO_TEST_CASE(rolled_back_rows_limit_truncation, *needs()) {
+    auto& m = fixture(kFx);
+    const int64_t rollback = 8, window = m.hp().window;
+    BOOST_TEST_REQUIRE(window == 8);  // the positions below assume it
+    const auto held = concat_tokens(prompt(40), {3});
+    const std::vector<int32_t> verified = {3, 141, 59, 26, 5, 35};  // the first is kept
+    const std::vector<int32_t> tail = {7, 9, 11};
+    std::vector<float> tmp;
+    auto spec = m.model->new_sequence(128, rollback);
+    feed_all(m, *spec, prompt(40), tmp);
+    feed_all(m, *spec, verified, tmp);
+    BOOST_TEST_REQUIRE(spec->truncate(41).ok());  // keep 1 of 6: well within rollback
+    BOOST_TEST(spec->truncation_floor() == 46 - rollback);
+    BOOST_TEST(spec->can_truncate_to(38));
+    BOOST_TEST(!spec->can_truncate_to(37));
+    BOOST_TEST(spec->can_truncate_to(0));
+
+    auto plain = m.model->new_sequence(128, rollback);
+    feed_all(m, *plain, held, tmp);
+    BOOST_TEST(plain->truncation_floor() == 41 - rollback, "no rolled-back rows: the rule is unchanged");
+
+    auto copy = m.model->new_sequence(128, rollback);
+    for (int64_t n = 41 - rollback; n <= 41; ++n) {
+        copy->copy_from(*spec);
+        BOOST_TEST(copy->can_truncate_to(n) == (n >= 46 - rollback), "n = " << n);
+        const status st = copy->truncate(n);
+        BOOST_TEST(st.ok() == (n >= 46 - rollback), "n = " << n << ": refused iff the slots of " << n - window
+                                                             << ".. were overwritten");
+        if (!st.ok()) {
+            BOOST_TEST(copy->size() == 41, "a refused truncation changes nothing");
+            continue;
+        }
+        // The rest after n, then a draft: bits of a fresh state fed the same tokens.
+        const auto rest = concat_tokens(std::vector<int32_t>(held.begin() + n, held.end()), tail);
+        std::vector<float> got, want;
+        feed_all(m, *copy, rest, got);
+        auto fresh = m.model->new_sequence(128, rollback);
+        feed_all(m, *fresh, std::vector<int32_t>(held.begin(), held.begin() + n), tmp);
+        feed_all(m, *fresh, rest, want);
+        BOOST_TEST(same_bits(got, want), "n = " << n << ": truncated state = fresh state");
+        if (m.model->has_draft()) {
+            dsv41::draft_output d_got, d_want;
+            BOOST_TEST_REQUIRE(m.model->draft(*copy, 13, d_got).ok());
+            BOOST_TEST_REQUIRE(m.model->draft(*fresh, 13, d_want).ok());
+            BOOST_TEST(same_bits(d_got.logits, d_want.logits), "n = " << n << ": draft");
+        }
+    }
 }
 
 BOOST_AUTO_TEST_CASE(failed_forward_changes_nothing, *needs()) {
