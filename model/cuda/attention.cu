@@ -38,10 +38,12 @@ __device__ int64_t row_key_count(const attention_row& a) {
 
 // Decode attention in three launches, so that a row's keys spread over many blocks (one block a
 // (row, head), walking a 2k context's keys, was latency-bound at 55 us a layer on mini):
-//   scores:   (row, head, 64 keys) a block, a warp a key: dot(q, key) with the 32 lanes as the
-//             accumulators of the CPU's pattern, then its lane tree (k_attention_scores below).
-//   partial:  (row, head, 64 keys): the max over all scores, the chunk's exp(s - max) (bf16 when
-//             the model rounds them), and Σ p v over the chunk's keys in order, per value.
+//   scores:   (row, heads, 64 keys) a block, a warp a key: dot(q, key) with the 32 lanes as the
+//             accumulators of the CPU's pattern, then its lane tree (k_attention_scores below);
+//             and each head's max over the chunk.
+//   partial:  (row, heads, 64 keys): the max over all scores (the chunks' maxes), the chunk's
+//             exp(s - max) (bf16 when the model rounds them), and Σ p v over the chunk's keys in
+//             order, per value.
 //   combine:  (row, head): the denominator (the sink's term, then every key's in order) and each
 //             value's chunk sums in order, times 1 / denominator.
 // So a value depends on the keys and the fixed 64-key chunks, never on the batch or the grid. The
