@@ -5,6 +5,7 @@
 // log-probabilities, greedy and sampled (the same seed); the accounting adds up; and the rollback
 // of rejected rows in a batch leaves each sequence as plain decoding does, draft head included.
 #include <boost/test/unit_test.hpp>
+#include <algorithm>
 #include <chrono>
 #include <map>
 
@@ -423,6 +424,112 @@ BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach,
     BOOST_TEST(t2.cached_tokens == 40);
     BOOST_TEST(t2.tokens == plain2.tokens);
     BOOST_TEST(t2.logprobs == plain2.logprobs);
+}
+
+// A sequence may start from a kept state that itself speculated: turn 1 drafts (about half its
+// drafts stand, rollback 8) and ends at a stop token in the middle of a verification, so its
+// kept state carries rolled-back rows past its end. Turn 2 extends it in place by two tokens
+// (the rolled-back rows still reach past its prompt) and speculates on long enough for its own
+// prompt checkpoint; turn 3 parts from turn 2 right after turn 2's prompt, so only that
+// checkpoint serves it: bit for bit what a fresh engine gives. (A reused state is truncated no
+// lower than its floor, so its rolled-back rows end before prompt + rollback: the checkpoint
+// falls due by the new sequence's own rows, when the drafts it verifies could reach past that.)
+BOOST_AUTO_TEST_CASE(a_sequence_from_a_speculated_state_checkpoints_its_prompt, *needs()) {
+    auto& m = fixture(kFx);
+    const int32_t vocab = int32_t(m.hp().vocab);
+    engine_options o;
+    o.max_sequences = 2;
+    o.prefill_chunk = 16;
+    o.context_tokens = 160;
+    o.cached_sequences = 2;
+    o.rollback = 8;
+    const auto base = prompt_ids(kFx, 40);
+    const auto greedy = [](std::vector<int32_t> prompt, int64_t n, bool reuse) {
+        generation_request r;
+        r.prompt = std::move(prompt);
+        r.sampling.temperature = 0;
+        r.sampling.n_probs = 2;
+        r.max_tokens = n;
+        r.reuse_prefix = reuse;
+        return r;
+    };
+    const auto run = [](engine& eng, generation_request r) {
+        auto g = eng.submit(std::move(r));
+        BOOST_TEST_REQUIRE(g.ok());
+        return collect(**g);
+    };
+    const auto fresh = [&](generation_request r) {
+        engine plain(*m.model, o);  // no speculation
+        r.reuse_prefix = false;
+        return run(plain, std::move(r));
+    };
+    // Turn 1's plain continuation (the oracle's), and a stop token well into it.
+    const auto plain1 = fresh(greedy(base, 40, false));
+    BOOST_TEST_REQUIRE(plain1.tokens.size() == 40u);
+    size_t at = 24;
+    while (std::find(plain1.tokens.begin(), plain1.tokens.begin() + std::ptrdiff_t(at), plain1.tokens[at]) !=
+           plain1.tokens.begin() + std::ptrdiff_t(at))
+        ++at;
+    BOOST_TEST_REQUIRE(at < plain1.tokens.size());
+    auto r1 = greedy(base, 40, true);
+    r1.stop_tokens = {plain1.tokens[at]};
+    const std::vector<int32_t> t1_tokens(plain1.tokens.begin(), plain1.tokens.begin() + std::ptrdiff_t(at));
+    // Turn 2: turn 1's tokens, the stop token and one more (its prompt ends within the reach of
+    // turn 1's rolled-back rows).
+    auto turn2 = base;
+    turn2.insert(turn2.end(), t1_tokens.begin(), t1_tokens.end());
+    turn2.insert(turn2.end(), {plain1.tokens[at], 7});
+    const int64_t p2 = int64_t(turn2.size());
+    const auto r2 = greedy(turn2, 24, true);
+    const auto plain2 = fresh(r2);
+    BOOST_TEST_REQUIRE(plain2.tokens.size() == 24u);
+    // Turn 3 parts from turn 2 right after its prompt.
+    auto turn3 = turn2;
+    turn3.insert(turn3.end(), {(plain2.tokens[0] + 1) % vocab, 11, 12});
+    const auto r3 = greedy(turn3, 12, true);
+    const auto plain3 = fresh(r3);
+
+    engine_options s = o;
+    s.spec.k = 5;
+    s.spec.adaptive = false;
+    int64_t admitted_size = -1, admitted_floor = -1;  // turn 2's state when admitted
+    s.spec.make_drafter = [&](const std::vector<int32_t>& prompt,
+                              const dsv41::sequence_state& seq) -> std::unique_ptr<spec::drafter> {
+        if (prompt == base)
+            return std::make_unique<spec::oracle_drafter>(plain1.tokens, int64_t(base.size()), 0.5, vocab, 5);
+        if (prompt == turn2) {
+            admitted_size = seq.size();
+            admitted_floor = seq.truncation_floor();
+            return std::make_unique<spec::oracle_drafter>(plain2.tokens, p2, 0.5, vocab, 5);
+        }
+        return nullptr;
+    };
+    BOOST_TEST_REQUIRE(validate(s.spec, *m.model).ok());
+    engine eng(*m.model, s);
+    const auto t1 = run(eng, r1);
+    BOOST_TEST(t1.reason == "stop");
+    BOOST_TEST(t1.tokens == t1_tokens);
+    BOOST_TEST((t1.draft_n_accepted > 0 && t1.draft_n_accepted < t1.draft_n), "turn 1's drafts partly stand");
+    const uint64_t checkpoints1 = eng.stats().prefix_checkpoints;
+    BOOST_TEST(checkpoints1 == 1u, "turn 1's prompt");
+
+    const auto t2 = run(eng, r2);
+    BOOST_TEST(t2.cached_tokens == p2 - 2, "turn 2 starts from turn 1's whole final state");
+    BOOST_TEST(admitted_size == p2 - 2);
+    // Rolled-back rows past its end: the rings were written beyond size() (floor > size - rollback),
+    // and past turn 2's prompt.
+    BOOST_TEST_MESSAGE("turn 2 admitted at " << admitted_size << ", floor " << admitted_floor << ", prompt " << p2);
+    BOOST_TEST(admitted_floor + o.rollback > p2, "turn 1's rolled-back rows reach past turn 2's prompt");
+    BOOST_TEST(t2.tokens == plain2.tokens);
+    BOOST_TEST(t2.logprobs == plain2.logprobs);
+    BOOST_TEST((t2.draft_n_accepted > 0 && t2.draft_n_accepted < t2.draft_n), "turn 2's drafts partly stand");
+    BOOST_TEST(eng.stats().prefix_checkpoints == checkpoints1 + 1, "turn 2's prompt");
+
+    const auto t3 = run(eng, r3);
+    BOOST_TEST(t3.cached_tokens == p2, "turn 2's prompt checkpoint");
+    BOOST_TEST(t3.reason == plain3.reason);
+    BOOST_TEST(t3.tokens == plain3.tokens);
+    BOOST_TEST(t3.logprobs == plain3.logprobs);
 }
 
 BOOST_AUTO_TEST_CASE(speculation_options_are_checked, *needs()) {
