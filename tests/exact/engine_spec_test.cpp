@@ -364,36 +364,49 @@ BOOST_AUTO_TEST_CASE(the_draft_head_drafts_in_a_batch_what_it_drafts_alone, *nee
     }
 }
 
+namespace {
+
+// The prompt checkpoint tests' engine: two sequences, prefill chunks of 16, two kept states and
+// a rollback of 8, so drafts of 5 reach past it within a few steps.
+engine_options checkpoint_options(int64_t context_tokens) {
+    engine_options o;
+    o.max_sequences = 2;
+    o.prefill_chunk = 16;
+    o.context_tokens = context_tokens;
+    o.cached_sequences = 2;
+    o.rollback = 8;
+    return o;
+}
+
+generation_request greedy_request(std::vector<int32_t> prompt, int64_t n, bool reuse) {
+    generation_request r;
+    r.prompt = std::move(prompt);
+    r.sampling.temperature = 0;
+    r.sampling.n_probs = 2;
+    r.max_tokens = n;
+    r.reuse_prefix = reuse;
+    return r;
+}
+
+outcome run_request(engine& eng, generation_request r) {
+    auto g = eng.submit(std::move(r));
+    BOOST_TEST_REQUIRE(g.ok());
+    return collect(**g);
+}
+
+}  // namespace
+
 // A speculating sequence's prompt checkpoint is taken before a step's verification rows (rolled
 // back or not) could reach more than rollback past its prompt: with drafts of 5 that half stand
 // and a rollback of 8, the next turn starts from it and gets plain serving's bits.
 BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach, *needs()) {
     auto& m = fixture(kFx);
-    engine_options o;
-    o.max_sequences = 2;
-    o.prefill_chunk = 16;
-    o.context_tokens = 128;
-    o.cached_sequences = 2;
-    o.rollback = 8;
+    const engine_options o = checkpoint_options(128);
     const auto base = prompt_ids(kFx, 40);
-    const auto greedy = [](std::vector<int32_t> prompt, int64_t n, bool reuse) {
-        generation_request r;
-        r.prompt = std::move(prompt);
-        r.sampling.temperature = 0;
-        r.sampling.n_probs = 2;
-        r.max_tokens = n;
-        r.reuse_prefix = reuse;
-        return r;
-    };
-    const auto run = [](engine& eng, generation_request r) {
-        auto g = eng.submit(std::move(r));
-        BOOST_TEST_REQUIRE(g.ok());
-        return collect(**g);
-    };
     outcome plain1;
     {
         engine plain(*m.model, o);
-        plain1 = run(plain, greedy(base, 40, false));
+        plain1 = run_request(plain, greedy_request(base, 40, false));
     }
     BOOST_TEST_REQUIRE(plain1.tokens.size() == 40u);
     std::vector<int32_t> turn2 = base;
@@ -403,7 +416,7 @@ BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach,
     outcome plain2;
     {
         engine plain(*m.model, o);
-        plain2 = run(plain, greedy(turn2, 8, false));
+        plain2 = run_request(plain, greedy_request(turn2, 8, false));
     }
     engine_options s = o;
     s.spec.k = 5;
@@ -415,12 +428,12 @@ BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach,
     };
     BOOST_TEST_REQUIRE(validate(s.spec, *m.model).ok());
     engine eng(*m.model, s);
-    const auto t1 = run(eng, greedy(base, 40, true));
+    const auto t1 = run_request(eng, greedy_request(base, 40, true));
     BOOST_TEST(t1.tokens == plain1.tokens);
     BOOST_TEST(t1.logprobs == plain1.logprobs);
     BOOST_TEST((t1.draft_n_accepted > 0 && t1.draft_n_accepted < t1.draft_n), "drafts partly stand");
     BOOST_TEST(eng.stats().prefix_checkpoints == 1u);
-    const auto t2 = run(eng, greedy(turn2, 8, true));
+    const auto t2 = run_request(eng, greedy_request(turn2, 8, true));
     BOOST_TEST(t2.cached_tokens == 40);
     BOOST_TEST(t2.tokens == plain2.tokens);
     BOOST_TEST(t2.logprobs == plain2.logprobs);
@@ -437,41 +450,22 @@ BOOST_AUTO_TEST_CASE(a_speculating_sequence_checkpoints_its_prompt_within_reach,
 BOOST_AUTO_TEST_CASE(a_sequence_from_a_speculated_state_checkpoints_its_prompt, *needs()) {
     auto& m = fixture(kFx);
     const int32_t vocab = int32_t(m.hp().vocab);
-    engine_options o;
-    o.max_sequences = 2;
-    o.prefill_chunk = 16;
-    o.context_tokens = 160;
-    o.cached_sequences = 2;
-    o.rollback = 8;
+    const engine_options o = checkpoint_options(160);
     const auto base = prompt_ids(kFx, 40);
-    const auto greedy = [](std::vector<int32_t> prompt, int64_t n, bool reuse) {
-        generation_request r;
-        r.prompt = std::move(prompt);
-        r.sampling.temperature = 0;
-        r.sampling.n_probs = 2;
-        r.max_tokens = n;
-        r.reuse_prefix = reuse;
-        return r;
-    };
-    const auto run = [](engine& eng, generation_request r) {
-        auto g = eng.submit(std::move(r));
-        BOOST_TEST_REQUIRE(g.ok());
-        return collect(**g);
-    };
     const auto fresh = [&](generation_request r) {
         engine plain(*m.model, o);  // no speculation
         r.reuse_prefix = false;
-        return run(plain, std::move(r));
+        return run_request(plain, std::move(r));
     };
     // Turn 1's plain continuation (the oracle's), and a stop token well into it.
-    const auto plain1 = fresh(greedy(base, 40, false));
+    const auto plain1 = fresh(greedy_request(base, 40, false));
     BOOST_TEST_REQUIRE(plain1.tokens.size() == 40u);
     size_t at = 24;
     while (std::find(plain1.tokens.begin(), plain1.tokens.begin() + std::ptrdiff_t(at), plain1.tokens[at]) !=
            plain1.tokens.begin() + std::ptrdiff_t(at))
         ++at;
     BOOST_TEST_REQUIRE(at < plain1.tokens.size());
-    auto r1 = greedy(base, 40, true);
+    auto r1 = greedy_request(base, 40, true);
     r1.stop_tokens = {plain1.tokens[at]};
     const std::vector<int32_t> t1_tokens(plain1.tokens.begin(), plain1.tokens.begin() + std::ptrdiff_t(at));
     // Turn 2: turn 1's tokens, the stop token and one more (its prompt ends within the reach of
@@ -480,13 +474,13 @@ BOOST_AUTO_TEST_CASE(a_sequence_from_a_speculated_state_checkpoints_its_prompt, 
     turn2.insert(turn2.end(), t1_tokens.begin(), t1_tokens.end());
     turn2.insert(turn2.end(), {plain1.tokens[at], 7});
     const int64_t p2 = int64_t(turn2.size());
-    const auto r2 = greedy(turn2, 24, true);
+    const auto r2 = greedy_request(turn2, 24, true);
     const auto plain2 = fresh(r2);
     BOOST_TEST_REQUIRE(plain2.tokens.size() == 24u);
     // Turn 3 parts from turn 2 right after its prompt.
     auto turn3 = turn2;
     turn3.insert(turn3.end(), {(plain2.tokens[0] + 1) % vocab, 11, 12});
-    const auto r3 = greedy(turn3, 12, true);
+    const auto r3 = greedy_request(turn3, 12, true);
     const auto plain3 = fresh(r3);
 
     engine_options s = o;
@@ -506,14 +500,14 @@ BOOST_AUTO_TEST_CASE(a_sequence_from_a_speculated_state_checkpoints_its_prompt, 
     };
     BOOST_TEST_REQUIRE(validate(s.spec, *m.model).ok());
     engine eng(*m.model, s);
-    const auto t1 = run(eng, r1);
+    const auto t1 = run_request(eng, r1);
     BOOST_TEST(t1.reason == "stop");
     BOOST_TEST(t1.tokens == t1_tokens);
     BOOST_TEST((t1.draft_n_accepted > 0 && t1.draft_n_accepted < t1.draft_n), "turn 1's drafts partly stand");
     const uint64_t checkpoints1 = eng.stats().prefix_checkpoints;
     BOOST_TEST(checkpoints1 == 1u, "turn 1's prompt");
 
-    const auto t2 = run(eng, r2);
+    const auto t2 = run_request(eng, r2);
     BOOST_TEST(t2.cached_tokens == p2 - 2, "turn 2 starts from turn 1's whole final state");
     BOOST_TEST(admitted_size == p2 - 2);
     // Rolled-back rows past its end: the rings were written beyond size() (floor > size - rollback),
@@ -525,7 +519,7 @@ BOOST_AUTO_TEST_CASE(a_sequence_from_a_speculated_state_checkpoints_its_prompt, 
     BOOST_TEST((t2.draft_n_accepted > 0 && t2.draft_n_accepted < t2.draft_n), "turn 2's drafts partly stand");
     BOOST_TEST(eng.stats().prefix_checkpoints == checkpoints1 + 1, "turn 2's prompt");
 
-    const auto t3 = run(eng, r3);
+    const auto t3 = run_request(eng, r3);
     BOOST_TEST(t3.cached_tokens == p2, "turn 2's prompt checkpoint");
     BOOST_TEST(t3.reason == plain3.reason);
     BOOST_TEST(t3.tokens == plain3.tokens);
