@@ -1,7 +1,9 @@
 #include "scheduler/device_weights.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "model/q8_0_tiles.h"
@@ -64,6 +66,22 @@ size_t dense_weight_bytes(const loaded_model& m) {
     return total;
 }
 
+void tile_q8_0_on_threads(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols, int threads) {
+    const int64_t strips = rows / q8_0_tiles::kStripRows, strip = q8_0_tiles::strip_bytes(cols);
+    if (strips == 0) return;
+    // A thread pays from about a MiB of strips; smaller matrices tile on the calling thread.
+    constexpr int64_t kBytesPerThread = int64_t(1) << 20;
+    const int64_t n = std::clamp<int64_t>(std::min<int64_t>(threads, strips * strip / kBytesPerThread), 1, strips);
+    const auto tile_run = [&](int64_t i) {
+        const int64_t s0 = strips * i / n, s1 = strips * (i + 1) / n;
+        q8_0_tiles::tile_matrix(src + s0 * strip, dst + s0 * strip, (s1 - s0) * q8_0_tiles::kStripRows, cols);
+    };
+    std::vector<std::jthread> helpers;
+    helpers.reserve(size_t(n - 1));
+    for (int64_t i = 1; i < n; ++i) helpers.emplace_back(tile_run, i);
+    tile_run(0);
+}
+
 result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const loaded_model& m) {
     auto out = std::make_unique<device_weights>();
     out->weights = m.weights;
@@ -78,6 +96,8 @@ result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const 
     // Dense Q8_0 matrices in the backend's matmul layout where it has one (tiled here on the
     // host, a matrix at a time: the upload copies its source before it returns).
     const bool tile_q8 = be.tiles_q8_0();
+    // flash's ~7 GB of dense Q8_0 took seconds to tile on one thread.
+    const int tiler_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
     std::vector<uint8_t> tiled;
     for_each_tensor(
         m.hp, out->weights, out->draft,
@@ -86,7 +106,7 @@ result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const 
             if (matmul_only && tile_q8 && w.type == ggml_type::q8_0 && w.layout == weight_layout::rows &&
                 q8_0_tiles::tileable(w.rows, w.cols, int64_t(w.row_stride))) {
                 tiled.resize(view_bytes(w));
-                q8_0_tiles::tile_matrix(static_cast<const uint8_t*>(w.data), tiled.data(), w.rows, w.cols);
+                tile_q8_0_on_threads(static_cast<const uint8_t*>(w.data), tiled.data(), w.rows, w.cols, tiler_threads);
                 be.upload(base + at, tiled.data(), tiled.size());
                 w.layout = weight_layout::q8_0_tiles;
             } else {

@@ -29,4 +29,8 @@ size_t dense_weight_bytes(const loaded_model& m);
 // no room, naming the size.
 result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const loaded_model& m);
 
+// q8_0_tiles::tile_matrix over up to `threads` threads, each a run of whole strips (a strip is
+// tiled alone: q8_0_tiles.h), as the upload tiles the dense Q8_0 matrices at start-up.
+void tile_q8_0_on_threads(const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols, int threads);
+
 }  // namespace moestream

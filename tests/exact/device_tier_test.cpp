@@ -8,9 +8,13 @@
 #include <boost/test/unit_test.hpp>
 #include <future>
 #include <optional>
+#include <random>
+#include <vector>
 
 #include "../common/test_support.h"
 #include "device_tier_support.h"
+#include "model/q8_0_tiles.h"
+#include "scheduler/device_weights.h"
 #include "ticking_forward.h"
 
 namespace moestream::test {
@@ -210,6 +214,24 @@ BOOST_AUTO_TEST_CASE(the_forward_is_suspended_while_the_device_tier_waits, *need
     const auto during = std::count_if(ticks.begin(), ticks.end(), [&](int64_t at) { return at > held && at < ended_us; });
     BOOST_TEST_MESSAGE(during << " ticks while a read of layer 0 was held back");
     BOOST_TEST(during >= 10);  // 300 ms held, a tick every 5 ms: about 60 when nothing blocks
+}
+
+// The start-up tiler's threads each take a run of whole strips: the same bytes as one thread,
+// for strip counts that do not divide among the threads, one strip, and threads to spare.
+BOOST_AUTO_TEST_CASE(dense_q8_0_tiles_on_threads_as_on_one) {
+    std::mt19937 rng(5);
+    for (int64_t strips : {1, 13, 200, 1000}) {
+        const int64_t rows = strips * q8_0_tiles::kStripRows, cols = 2304;
+        std::vector<uint8_t> src(size_t(rows * (cols / 32) * q8_0_tiles::kBlockBytes));
+        for (auto& b : src) b = uint8_t(rng());
+        std::vector<uint8_t> want(src.size()), got(src.size());
+        q8_0_tiles::tile_matrix(src.data(), want.data(), rows, cols);
+        for (int threads : {1, 3, 8, 64}) {
+            std::fill(got.begin(), got.end(), uint8_t(0xEE));
+            tile_q8_0_on_threads(src.data(), got.data(), rows, cols, threads);
+            BOOST_TEST((got == want), strips << " strips on " << threads << " threads");
+        }
+    }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
