@@ -45,6 +45,18 @@ std::unique_ptr<dsv41::sequence_state> prefix_pool::take_free() {
     return s;
 }
 
+std::unique_ptr<dsv41::sequence_state> prefix_pool::copy_truncated(const dsv41::sequence_state& from, int64_t n) {
+    MS_ASSERT(from.can_truncate_to(n));
+    auto copy = take_free();
+    MS_ASSERT(copy->capacity() == from.capacity());
+    copy->copy_from(from);  // same shapes: the memory is reused, nothing is allocated
+    if (copy->size() > n) {
+        const status st = copy->truncate(n);
+        MS_ASSERT_MSG(st.ok(), "can_truncate_to(n)");
+    }
+    return copy;
+}
+
 void prefix_pool::release(std::unique_ptr<dsv41::sequence_state> s) {
     const status st = s->truncate(0);
     MS_ASSERT(st.ok());
@@ -106,13 +118,7 @@ prefix_pool::grant prefix_pool::acquire(std::span<const int32_t> prompt, bool re
         g.state = std::move(kept_[size_t(best.kept_index)].state);
         kept_.erase(kept_.begin() + best.kept_index);
     } else {
-        g.state = take_free();
-        MS_ASSERT(g.state->capacity() == best.from->capacity());
-        g.state->copy_from(*best.from);  // same shapes: the memory is reused, nothing is allocated
-        if (g.state->size() > best.n) {
-            const status st = g.state->truncate(best.n);
-            MS_ASSERT_MSG(st.ok(), "usable() checked can_truncate_to");
-        }
+        g.state = copy_truncated(*best.from, best.n);  // usable() checked can_truncate_to
         g.copied = true;
         if (best.kept_index >= 0) kept_[size_t(best.kept_index)].used = ++clock_;
     }
@@ -153,13 +159,7 @@ uint64_t prefix_pool::keep_prefix(const dsv41::sequence_state& running, int64_t 
     // Evicting first leaves a free state even when every running sequence holds one (see
     // check_counts): the copy never takes the place of an admission.
     make_room();
-    auto copy = take_free();
-    copy->copy_from(running);  // same shapes: the memory is reused, nothing is allocated
-    if (copy->size() > n) {
-        const status st = copy->truncate(n);
-        MS_ASSERT_MSG(st.ok(), "asserted above");
-    }
-    const uint64_t id = add_kept(std::move(copy));
+    const uint64_t id = add_kept(copy_truncated(running, n));
     check_counts();
     return id;
 }

@@ -78,6 +78,8 @@ class prefix_pool {
         uint64_t id = 0;    // for give_back's checkpoint; never 0
     };
     std::unique_ptr<dsv41::sequence_state> take_free();
+    // A free state made a copy of `from` truncated to its first n tokens (from.can_truncate_to(n)).
+    std::unique_ptr<dsv41::sequence_state> copy_truncated(const dsv41::sequence_state& from, int64_t n);
     void release(std::unique_ptr<dsv41::sequence_state> s);
     // Frees the least recently used kept state when the pool is full.
     void make_room();
