@@ -96,7 +96,8 @@ result<std::unique_ptr<device_weights>> upload_dense_weights(backend& be, const 
     // Dense Q8_0 matrices in the backend's matmul layout where it has one (tiled here on the
     // host, a matrix at a time: the upload copies its source before it returns).
     const bool tile_q8 = be.tiles_q8_0();
-    // flash's ~7 GB of dense Q8_0 took seconds to tile on one thread.
+    // Threads because flash has ~7 GB of dense Q8_0 (an estimate from its shapes; the time one
+    // thread takes on it was not measured).
     const int tiler_threads = int(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
     std::vector<uint8_t> tiled;
     for_each_tensor(
