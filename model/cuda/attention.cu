@@ -67,19 +67,34 @@ constexpr int kScoreThreads = kScoreWarps * kWarp;
 constexpr int kScoreMaxDim = 512;
 constexpr int kScoreVals = kScoreMaxDim / kWarp;  // values a lane holds of each key
 
-__device__ __forceinline__ float key_score(const float (&kv)[kScoreVals], const float* q_s, int64_t head_dim, int lane,
-                                           float scale) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int m = 0; m < kScoreVals; ++m)
-        if (lane + kWarp * m < head_dim) acc = __fadd_rn(acc, __fmul_rn(kv[m], q_s[lane + kWarp * m]));
-    // warp_sum's butterfly: lane k meets lane k + 16, then + 8, + 4, + 2, + 1 (lane 0 ends with it).
+// warp_sum's butterfly over the lanes' accumulators (lane k meets lane k + 16, then + 8, + 4, + 2,
+// + 1; lane 0 ends with the dot), then the scale: a score's bits as the CPU forms them.
+__device__ __forceinline__ float lane_tree_score(float acc, int lane, float scale) {
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) {
         const float other = __shfl_down_sync(kFullMask, acc, o);
         if (lane < o) acc = __fadd_rn(acc, other);
     }
     return __fmul_rn(acc, scale);
+}
+
+// A key's score from the values lane `lane` holds of it (heads up to kScoreMaxDim wide).
+__device__ __forceinline__ float key_score(const float (&kv)[kScoreVals], const float* q_s, int64_t head_dim, int lane,
+                                           float scale) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kScoreVals; ++m)
+        if (lane + kWarp * m < head_dim) acc = __fadd_rn(acc, __fmul_rn(kv[m], q_s[lane + kWarp * m]));
+    return lane_tree_score(acc, lane, scale);
+}
+
+// A key's score read a value at a time (heads wider than kScoreMaxDim).
+__device__ __forceinline__ float wide_key_score(const uint16_t* key, const float* qh, int64_t head_dim, int lane,
+                                                float scale) {
+    float acc = 0.0f;
+    for (int64_t d = lane; d < head_dim; d += kWarp)
+        acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(__ldg(key + key_word(d, head_dim))), qh[d]));
+    return lane_tree_score(acc, lane, scale);
 }
 
 // The row of block x and the first head and head count of its tile.
@@ -112,6 +127,20 @@ __global__ void __launch_bounds__(kScoreThreads) k_attention_scores(const attent
     const auto score_at = [&](int hh, int64_t i) -> float& {
         return scores[(t.row * n_heads + t.h0 + hh) * max_keys + i];
     };
+    // Each head of the tile: the warp's keys' scores (score_of(head, k)), written, and their max.
+    const auto chunk_scores = [&](const auto& score_of) {
+        for (int hh = 0; hh < t.heads; ++hh) {
+            float mx = -1e30f;
+#pragma unroll
+            for (int k = 0; k < kScoreKeysPerWarp; ++k) {
+                if (first + k >= n_keys) break;  // the warp's valid keys are a prefix of its keys
+                const float sc = score_of(hh, k);
+                if (lane == 0) score_at(hh, first + k) = sc;
+                mx = fmaxf(mx, sc);
+            }
+            if (lane == 0) max_s[warp][hh] = mx;
+        }
+    };
     if (head_dim <= kScoreMaxDim) {
         float kv[kScoreKeysPerWarp][kScoreVals];
 #pragma unroll
@@ -124,38 +153,11 @@ __global__ void __launch_bounds__(kScoreThreads) k_attention_scores(const attent
                 kv[k][m] = valid && d < head_dim ? bf16_bits_value(__ldg(key + key_word(d, head_dim))) : 0.0f;
             }
         }
-        for (int hh = 0; hh < t.heads; ++hh) {
-            float mx = -1e30f;
-#pragma unroll
-            for (int k = 0; k < kScoreKeysPerWarp; ++k) {
-                const float sc = key_score(kv[k], q_s + hh * head_dim, head_dim, lane, scale);
-                if (first + k < n_keys) {
-                    if (lane == 0) score_at(hh, first + k) = sc;
-                    mx = fmaxf(mx, sc);
-                }
-            }
-            if (lane == 0) max_s[warp][hh] = mx;
-        }
+        chunk_scores([&](int hh, int k) { return key_score(kv[k], q_s + hh * head_dim, head_dim, lane, scale); });
     } else {
-        for (int hh = 0; hh < t.heads; ++hh) {
-            const float* qh = q_s + hh * head_dim;
-            float mx = -1e30f;
-            for (int k = 0; k < kScoreKeysPerWarp && first + k < n_keys; ++k) {
-                const uint16_t* key = key_at(a, head_dim, first + k);
-                float acc = 0.0f;
-                for (int64_t d = lane; d < head_dim; d += kWarp)
-                    acc = __fadd_rn(acc, __fmul_rn(bf16_bits_value(__ldg(key + key_word(d, head_dim))), qh[d]));
-#pragma unroll
-                for (int o = 16; o >= 1; o >>= 1) {
-                    const float other = __shfl_down_sync(kFullMask, acc, o);
-                    if (lane < o) acc = __fadd_rn(acc, other);
-                }
-                const float sc = __fmul_rn(acc, scale);
-                if (lane == 0) score_at(hh, first + k) = sc;
-                mx = fmaxf(mx, sc);
-            }
-            if (lane == 0) max_s[warp][hh] = mx;
-        }
+        chunk_scores([&](int hh, int k) {
+            return wide_key_score(key_at(a, head_dim, first + k), q_s + hh * head_dim, head_dim, lane, scale);
+        });
     }
     __syncthreads();
     if (int(threadIdx.x) < t.heads) {
