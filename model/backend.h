@@ -235,6 +235,25 @@ class backend {
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;
     // Backend -> host, after every op issued before it has finished.
     virtual void download(void* dst, const void* src, size_t bytes) = 0;
+    // download() without waiting (issue 15: the forward awaits the router's picks and its
+    // logits, no thread blocks on the device): download_begin() queues the copy behind every op
+    // issued before it and returns; download_landed(t, wake) is true once the bytes are in dst
+    // (it puts them there), else false, and `wake` runs once (on a thread of the backend's,
+    // never inside the call) when the caller should ask again: it must only hand over (post).
+    // Each ticket is asked until it answers true; at most kMaxDownloadsInFlight are in flight.
+    // Default: download() at once (the CPU backend's ops have finished when they return).
+    static constexpr int kMaxDownloadsInFlight = 4;
+    struct download_ticket {
+        int32_t slot = -1;  // -1: landed inside download_begin()
+    };
+    virtual download_ticket download_begin(void* dst, const void* src, size_t bytes) {
+        download(dst, src, bytes);
+        return {};
+    }
+    virtual bool download_landed(download_ticket t, std::function<void()> wake) {
+        (void)wake;
+        return t.slot < 0;
+    }
     virtual void copy(void* dst, const void* src, size_t bytes) = 0;
     // Every byte of [dst, dst + bytes) set to `byte` (0xff: int32 -1s).
     virtual void fill(void* dst, uint8_t byte, size_t bytes) = 0;

@@ -3,7 +3,7 @@
 # against the CPU backend, the reference fixtures, determinism), the start-up errors, bench
 # kernels, and bench decode --backend cuda on forged mini-lite and mini. Logs go to $OUT (the
 # device tool brings them back); the last lines printed are a summary.
-# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] [DECODE_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] (default: the first five;
+# Usage: [PRESETS="mini"] [TESTS=filter] [KERNEL_AB="VAR=a VAR=b"] [DECODE_AB="VAR=a VAR=b"] scripts/gpu_run.sh [tests] [cli] [tiles] [kernels] [decode] [copy] [stream] [ab] [trace] [pdl] [modes] [spec] [profile] [envtrial] (default: the first five;
 # stream: mini with the published budget proportions, 6.7% / 27% of its 12.8 GB of experts, the
 # slots filled from the host tier, against --io-mode remap-sync)
 set -uo pipefail
@@ -171,6 +171,29 @@ if [[ $what == *trace* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   summary+=("traced bench exit $?: $(grep -E 'new content' "$OUT/trace_bench.log" | tr '\n' ' ')")
   python3 scripts/trace_report.py /tmp/trace.csv --layers --host > "$OUT/trace_report.txt" 2>&1
   summary+=("trace report exit $?: $(head -1 "$OUT/trace_report.txt")")
+fi
+if [[ $what == *envtrial* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
+  # Streamed mini (published proportions) under each of STREAM_AB="VAR=a VAR=b" (environment
+  # settings), STREAM_ROUNDS rounds interleaved, then one traced pass of each, summarised
+  # (trace_report.py --layers --host: the forward thread's time a layer, the picks' wait in it).
+  [[ -f /tmp/mini.gguf ]] || "$BIN" forge --preset mini --out /tmp/mini.gguf --seed 1 > /dev/null 2>&1
+  for r in $(seq 1 ${STREAM_ROUNDS:-2}); do
+    for kv in ${STREAM_AB:-MOESTREAM_BLOCKING_DOWNLOADS=1 MOESTREAM_BLOCKING_DOWNLOADS=0}; do
+      log="$OUT/envtrial_${kv//[^A-Za-z0-9]/_}.log"
+      echo "=== round $r: $kv" >> "$log"
+      env "$kv" timeout 200 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf --device-cache 0.80 \
+        --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs on --no-remap >> "$log" 2>&1
+      rc=$?
+      summary+=("envtrial $kv round $r exit $rc: $(sed -n "/=== round $r:/,\$p" "$log" | grep -E 'new content|GPU, graphs' | tr '\n' ' ')")
+    done
+  done
+  for kv in ${STREAM_AB:-MOESTREAM_BLOCKING_DOWNLOADS=1 MOESTREAM_BLOCKING_DOWNLOADS=0}; do
+    rm -f /tmp/trace.csv
+    env "$kv" MOESTREAM_TRACE=/tmp/trace.csv timeout 200 "$BIN" bench decode --backend cuda --model /tmp/mini.gguf \
+      --device-cache 0.80 --host-cache 3.22 -n 32 --prompt-tokens 256 --graphs on --no-remap > /dev/null 2>&1
+    python3 scripts/trace_report.py /tmp/trace.csv --layers --host > "$OUT/trace_${kv//[^A-Za-z0-9]/_}.txt" 2>&1
+    summary+=("trace $kv: $(grep -iE 'picks' "$OUT/trace_${kv//[^A-Za-z0-9]/_}.txt" | head -2 | tr '\n' ' ')")
+  done
 fi
 if [[ $what == *pdl* && -n ${MOESTREAM_DEPS_DIR:-} ]]; then
   # Step graphs with programmatic edges (the default) against plain ones, same run.

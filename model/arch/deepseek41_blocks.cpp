@@ -261,12 +261,26 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         e.be.route(ws.ahead.data() + d * ahead_block, ahead[d]->exp_probs_b.data, n, n_experts, int(k), 1.0, true,
                    ws.predicted_all.data() + d * size_t(n_assign), nullptr);
     }
-    // The picks are the host's to schedule with (a few bytes).
+    // The picks are the host's to schedule with (a few bytes), awaited: the forward suspends
+    // until they land (no thread waits on the device). The look-ahead layers' picks are queued
+    // right behind them and read after the announcement below.
     std::vector<int32_t>& picks = sc.picks;
     picks.resize(size_t(n_assign));
     trace::mark(trace::ev::picks_wait, layer, int32_t(n));
-    e.be.download(picks.data(), ws.picks.data(), picks.size() * sizeof(int32_t));
+    const backend::download_ticket picks_ticket =
+        e.be.download_begin(picks.data(), ws.picks.data(), picks.size() * sizeof(int32_t));
+    backend::download_ticket ahead_ticket;
+    if (n_ahead > 0) {
+        sc.predicted_all.resize(n_ahead * size_t(n_assign));
+        ahead_ticket = e.be.download_begin(sc.predicted_all.data(), ws.predicted_all.data(),
+                                           sc.predicted_all.size() * sizeof(int32_t));
+    }
+    while (!co_await download_landed(e.be, picks_ticket, e.resume)) {
+    }
     if (e.opts.hook) {
+        // (The hook's upload must not find a download in flight: take the predictions first.)
+        while (n_ahead > 0 && !co_await download_landed(e.be, ahead_ticket, e.resume)) {
+        }
         for (int64_t r = 0; r < n; ++r)
             e.opts.hook->picks({layer >= hp.n_layers ? pick_kind::draft_router : pick_kind::router, layer,
                                 rows.pos[size_t(r)], rows.seq_rows[size_t(r)]},
@@ -300,10 +314,9 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         e.experts.hint(layer + 1, *carried);
         carried->clear();
     }
-    // The look-ahead layers' picks, routed above: one download for all of them.
-    if (n_ahead > 0) {
-        sc.predicted_all.resize(n_ahead * size_t(n_assign));
-        e.be.download(sc.predicted_all.data(), ws.predicted_all.data(), sc.predicted_all.size() * sizeof(int32_t));
+    // The look-ahead layers' picks, routed above: one download for all of them (landed by now,
+    // normally: it was queued right behind the picks).
+    while (n_ahead > 0 && !e.opts.hook && !co_await download_landed(e.be, ahead_ticket, e.resume)) {
     }
     // Nearest layer first (the tiers read hints in the order they come); the carried hints join
     // the next layer's.

@@ -126,9 +126,14 @@ coro::task<status> model::draft_async(const sequence_state& seq, int32_t next_to
     out.logits.resize(size_t(B * hp.vocab));
     out.tokens.resize(size_t(B));
     out.confidence.resize(size_t(B));
-    be_.download(out.logits.data(), ws.logits.data(), out.logits.size() * sizeof(float));
-    be_.download(out.tokens.data(), ws.draft_tokens.data() + 1, out.tokens.size() * sizeof(int32_t));
-    be_.download(out.confidence.data(), ws.confidence.data(), out.confidence.size() * sizeof(float));
+    // Awaited together (no thread waits for the draft's kernels).
+    const backend::download_ticket tickets[] = {
+        be_.download_begin(out.logits.data(), ws.logits.data(), out.logits.size() * sizeof(float)),
+        be_.download_begin(out.tokens.data(), ws.draft_tokens.data() + 1, out.tokens.size() * sizeof(int32_t)),
+        be_.download_begin(out.confidence.data(), ws.confidence.data(), out.confidence.size() * sizeof(float))};
+    for (const auto& t : tickets)
+        while (!co_await detail::download_landed(be_, t, ex)) {
+        }
     co_return status{};
 }
 

@@ -2,7 +2,9 @@
 // (deepseek41_dspark.cpp). Internal to model/arch.
 #pragma once
 
+#include <atomic>
 #include <cmath>
+#include <coroutine>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -157,6 +159,33 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
                        const float* x, const rows_info& rows, barray<float>& out,
                        std::span<const matmul_job> extra = {}, std::span<const layer_weights* const> ahead = {},
                        const std::function<hc_update()>& update = {});
+
+// while (!co_await download_landed(be, ticket, ex)) {}: backend::download_landed() as an
+// awaitable (true: the bytes are in place; false: woken, ask again). A download that has landed,
+// or a wake inside the call, does not suspend the coroutine; otherwise the wake posts it to `ex`.
+class download_landed {
+  public:
+    download_landed(backend& be, backend::download_ticket t, coro::executor& ex) : be_(be), t_(t), ex_(ex) {}
+    download_landed(const download_landed&) = delete;
+    download_landed& operator=(const download_landed&) = delete;
+
+    bool await_ready() const noexcept { return false; }
+    bool await_suspend(std::coroutine_handle<> h) {
+        landed_ = be_.download_landed(t_, [this, h] {
+            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+        });
+        if (landed_) return false;  // no wake is kept
+        return !second_.exchange(true, std::memory_order_acq_rel);
+    }
+    bool await_resume() const noexcept { return landed_; }
+
+  private:
+    backend& be_;
+    backend::download_ticket t_;
+    coro::executor& ex_;
+    bool landed_ = false;
+    std::atomic<bool> second_{false};
+};
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
 inline void act_quant(const env& e, act_quant_kind kind, float* x, int64_t count) {

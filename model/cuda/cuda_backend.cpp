@@ -6,12 +6,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "config/assert.h"
@@ -91,11 +94,19 @@ class cuda_backend final : public backend {
           host_stage_(host_stage),
           dev_stage_(dev_stage),
           stage_bytes_(stage_bytes),
-          bad_keys_(bad_keys) {}
+          bad_keys_(bad_keys) {
+        check(cudaStreamCreateWithFlags(&notify_stream_, cudaStreamNonBlocking), "cudaStreamCreate (downloads)");
+        for (auto& d : downloads_) check(cudaEventCreateWithFlags(&d.copied, cudaEventDisableTiming), "cudaEventCreate");
+        if (const char* b = std::getenv("MOESTREAM_BLOCKING_DOWNLOADS"); b && std::string_view(b) == "1")
+            blocking_downloads_ = true;
+    }
 
     ~cuda_backend() override {
         if (capturing_) step_end();
         cudaStreamSynchronize(stream_);
+        cudaStreamSynchronize(notify_stream_);  // no host function left to run
+        for (auto& d : downloads_) cudaEventDestroy(d.copied);
+        cudaStreamDestroy(notify_stream_);
         for (void* p : pending_free_) cudaFree(p);
         for (cudaEvent_t ev : events_) cudaEventDestroy(ev);
         for (cudaEvent_t ev : step_events_)
@@ -180,6 +191,84 @@ class cuda_backend final : public backend {
             synchronize();
         }
     }
+    // The copy lands in a slot of the staging ring with the store_keys counter behind it; an
+    // event after it, waited on by a notification stream whose host function marks the ticket
+    // landed and calls the wake if one was left (no CUDA call there). The ring is not reset, nor
+    // wrapped, while a download is in flight (take_stage, synchronize).
+    download_ticket download_begin(void* dst, const void* src, size_t bytes) override {
+        MS_ASSERT_MSG(!capturing_, "download_begin() inside a captured step");
+        constexpr size_t kCounter = sizeof(unsigned int);
+        const size_t need = round_up(bytes, kCounter) + kCounter;
+        if (blocking_downloads_ || need > stage_bytes_ / 4) {
+            download(dst, src, bytes);
+            return {};
+        }
+        if (downloads_in_flight_ > 0 && stage_at_ + need > stage_bytes_) {
+            // The ring cannot wrap under the download in flight: a wait, straight into dst (rare:
+            // the ring holds a whole step's staging).
+            ++stats_.downloads;
+            check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "download");
+            synchronize();
+            return {};
+        }
+        int slot = -1;
+        for (int i = 0; i < kDownloadSlots; ++i)
+            if (downloads_[size_t(i)].state.load(std::memory_order_acquire) == download_slot::kFree) {
+                slot = i;
+                break;
+            }
+        MS_ASSERT_MSG(slot >= 0, "more downloads in flight than download_begin allows");
+        ++stats_.async_downloads;
+        download_slot& d = downloads_[size_t(slot)];
+        const size_t at = take_stage(need);
+        d.dst = dst;
+        d.stage = host_stage_ + at;
+        d.bytes = bytes;
+        d.counter_at = round_up(bytes, kCounter);
+        d.state.store(download_slot::kInFlight, std::memory_order_release);
+        if (bytes) check(cudaMemcpyAsync(d.stage, src, bytes, cudaMemcpyDeviceToHost, stream_), "download_begin");
+        check(cudaMemcpyAsync(d.stage + d.counter_at, bad_keys_, kCounter, cudaMemcpyDeviceToHost, stream_),
+              "download_begin");
+        check(cudaEventRecord(d.copied, stream_), "cudaEventRecord");
+        check(cudaStreamWaitEvent(notify_stream_, d.copied, 0), "cudaStreamWaitEvent");
+        check(cudaLaunchHostFunc(notify_stream_, &download_slot::on_copied, &d), "cudaLaunchHostFunc");
+        ++downloads_in_flight_;
+        return {slot};
+    }
+    bool download_landed(download_ticket t, std::function<void()> wake) override {
+        if (t.slot < 0) return true;
+        MS_ASSERT(t.slot < kDownloadSlots);
+        download_slot& d = downloads_[size_t(t.slot)];
+        int state = d.state.load(std::memory_order_acquire);
+        MS_ASSERT_MSG(state == download_slot::kInFlight || state == download_slot::kLanded,
+                      "download_landed() on a ticket not in flight");
+        if (state == download_slot::kInFlight) {
+            d.wake = std::move(wake);
+            if (d.state.compare_exchange_strong(state, download_slot::kWaking, std::memory_order_acq_rel)) {
+                ++stats_.async_download_waits;
+                return false;  // the host function calls the wake
+            }
+            d.wake = nullptr;  // it landed meanwhile
+            MS_ASSERT(state == download_slot::kLanded);
+        }
+        std::memcpy(d.dst, d.stage, d.bytes);
+        unsigned int bad = 0;
+        std::memcpy(&bad, d.stage + d.counter_at, sizeof bad);
+        MS_ASSERT_MSG(bad == 0, "attention keys must be bf16 values");
+        d.wake = nullptr;
+        d.state.store(download_slot::kFree, std::memory_order_release);
+        --downloads_in_flight_;
+        // When nothing was issued behind it, this was the wait for everything: the bookkeeping
+        // of synchronize() without its call (the stream is idle: a query, not a wait).
+        if (downloads_in_flight_ == 0) {
+            const cudaError_t idle = cudaStreamQuery(stream_);
+            if (idle == cudaSuccess)
+                after_wait();
+            else if (idle != cudaErrorNotReady)
+                check(idle, "cudaStreamQuery");
+        }
+        return true;
+    }
     void copy(void* dst, const void* src, size_t bytes) override {
         if (bytes == 0) return;
         if (capturing_)
@@ -198,10 +287,19 @@ class cuda_backend final : public backend {
     }
     void synchronize() override {
         MS_ASSERT_MSG(!capturing_, "synchronize() inside a captured step (a staging ring too small for one step?)");
+        ++stats_.host_waits;
         // The store_keys counter of non-bf16 keys rides along with every wait.
         check(cudaMemcpyAsync(&bad_keys_seen_, bad_keys_, sizeof(unsigned int), cudaMemcpyDeviceToHost, stream_),
               "synchronize");
         check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+        MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
+        // A download in flight keeps its staged bytes until it is asked for them.
+        if (downloads_in_flight_ == 0) after_wait();
+    }
+    // What a wait for every op issued so far settles: the step's timing and wait, the profile's
+    // events, the staging ring (every staged copy has finished), memory released meanwhile.
+    void after_wait() {
+        MS_ASSERT(downloads_in_flight_ == 0);
         if (waiting_for_step_) {
             waiting_for_step_ = false;
             stats_.step_wait_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -215,7 +313,6 @@ class cuda_backend final : public backend {
             stats_.step_device_ns += uint64_t(double(ms) * 1e6);
             ++stats_.steps_timed;
         }
-        MS_ASSERT_MSG(bad_keys_seen_ == 0, "attention keys must be bf16 values");
         stage_at_ = 0;  // every staged copy has finished
         gather_profile();
         if (!pending_free_.empty()) graph_.clear();
@@ -706,7 +803,10 @@ class cuda_backend final : public backend {
     // A ring that is full waits for the stream: every copy out of it has then finished.
     size_t take_stage(size_t bytes) {
         MS_ASSERT_MSG(bytes <= stage_bytes_, "staged data larger than the staging ring");
-        if (stage_at_ + bytes > stage_bytes_) synchronize();
+        if (stage_at_ + bytes > stage_bytes_) {
+            MS_ASSERT_MSG(downloads_in_flight_ == 0, "the staging ring would wrap under a download in flight");
+            synchronize();
+        }
         const size_t at = stage_at_;
         stage_at_ = round_up(stage_at_ + bytes, kAlign);
         return at;
@@ -771,6 +871,31 @@ class cuda_backend final : public backend {
     std::chrono::steady_clock::time_point step_began_, step_launched_;
     bool waiting_for_step_ = false;
     std::vector<void*> pending_free_;
+    // Downloads in flight (download_begin): a slot's state goes free -> in flight -> (waking,
+    // when a wake was left) -> landed (the host function) -> free (download_landed's answer).
+    struct download_slot {
+        static constexpr int kFree = 0, kInFlight = 1, kWaking = 2, kLanded = 3;
+        std::atomic<int> state{kFree};
+        void* dst = nullptr;
+        uint8_t* stage = nullptr;
+        size_t bytes = 0, counter_at = 0;
+        std::function<void()> wake;
+        cudaEvent_t copied = nullptr;
+        static void CUDART_CB on_copied(void* p) {
+            auto* d = static_cast<download_slot*>(p);
+            // A waker was left: its owner is suspended and touches the slot only once woken,
+            // so the wake is taken out first (the owner may reuse the slot right after).
+            if (d->state.exchange(kLanded, std::memory_order_acq_rel) == kWaking) {
+                std::function<void()> wake = std::move(d->wake);
+                wake();
+            }
+        }
+    };
+    static constexpr int kDownloadSlots = kMaxDownloadsInFlight;
+    std::array<download_slot, kDownloadSlots> downloads_;
+    int downloads_in_flight_ = 0;
+    cudaStream_t notify_stream_ = nullptr;
+    bool blocking_downloads_ = false;  // MOESTREAM_BLOCKING_DOWNLOADS=1: the A/B baseline
     device_info info_;
     cudaStream_t stream_;
     uint8_t* host_stage_;

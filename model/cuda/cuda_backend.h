@@ -58,7 +58,11 @@ struct backend_stats {
     // the last's): the device time of the step when it is one graph (MOESTREAM_STEP_SEGMENT_OPS=0);
     // with parts it holds any time the device waited for the host's next part.
     uint64_t step_device_ns = 0, steps_timed = 0;
-    uint64_t uploads = 0, downloads = 0;
+    uint64_t uploads = 0, downloads = 0;  // downloads: the blocking ones (download())
+    // download_begin()'s awaited downloads, and how many of them were not there when first
+    // asked (the forward suspended until they landed).
+    uint64_t async_downloads = 0, async_download_waits = 0;
+    uint64_t host_waits = 0;  // synchronize() calls: the host thread blocked until the stream drained
     uint64_t bytes_allocated = 0;
 };
 // The counters of `be` when it is a CUDA backend (else all zero).

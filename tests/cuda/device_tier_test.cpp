@@ -70,8 +70,14 @@ BOOST_AUTO_TEST_CASE(streamed_slots_give_the_resident_bits, *needs()) {
             BOOST_TEST_REQUIRE(d.ok(), (d.ok() ? std::string() : d.message()));
             BOOST_TEST((*d)->notes() == "");  // the host tier page-locked
             auto mdl = model_over(m, **d);
+            const auto before = cuda::stats(*m.backend);
             const auto got = run_forward(*mdl);
+            const auto after = cuda::stats(*m.backend);
             REQUIRE_BITS_EQUAL(got, reference);
+            // The forward awaited its picks and logits: the host never blocked on the stream.
+            BOOST_TEST(after.host_waits == before.host_waits);
+            BOOST_TEST(after.downloads == before.downloads);
+            BOOST_TEST(after.async_downloads > before.async_downloads);
             const auto k = settled(**d);
             check_pipeline_counters(k, (*t)->counters());
             const std::string what = "slots " + std::to_string(slots) + ", host " + std::to_string(int(host)) +

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <span>
+#include <thread>
 #include <tuple>
 
 #include "gpu_support.h"
@@ -832,6 +834,60 @@ BOOST_AUTO_TEST_CASE(engram_gate_matches_cpu) {
     };
     const auto got = run(gpu()), want = run(cpu());
     BOOST_TEST(rel_error(got, want) <= 1e-5, "rel error " << rel_error(got, want));
+}
+
+// download_begin()/download_landed() (issue 15: the forward awaits its picks and logits): behind
+// ~10 ms of queued fills the first ask finds nothing and leaves its wake, which runs exactly once
+// (off the calling thread) after the bytes landed; every ticket then gives the bytes the ops before
+// it wrote, four in flight at once; no host wait on the stream (synchronize) along the way.
+BOOST_AUTO_TEST_CASE(awaited_downloads_land_after_the_ops_before_them_and_wake_once) {
+    backend& be = gpu();
+    const size_t big = size_t(1) << 30;
+    void* busy = be.allocate(big);
+    BOOST_TEST_REQUIRE(busy != nullptr);
+    std::vector<backend_array<int32_t>> src;
+    for (int i = 0; i < backend::kMaxDownloadsInFlight; ++i) src.emplace_back(be, 1000);
+    for (int round = 0; round < 3; ++round) {
+        for (int j = 0; j < 12; ++j) be.fill(busy, uint8_t(j), big);
+        std::vector<std::vector<int32_t>> dst(src.size(), std::vector<int32_t>(1000, -7));
+        std::vector<backend::download_ticket> tickets;
+        for (size_t i = 0; i < src.size(); ++i) {
+            be.fill(src[i].data(), uint8_t(0x10 + 16 * i + round), 1000 * sizeof(int32_t));
+            tickets.push_back(be.download_begin(dst[i].data(), src[i].data(), 1000 * sizeof(int32_t)));
+        }
+        const auto before = cuda::stats(be);
+        std::atomic<int> wakes{0};
+        std::atomic<bool> woke_off_thread{false};
+        const auto caller = std::this_thread::get_id();
+        const bool first = be.download_landed(tickets[0], [&] {
+            woke_off_thread = std::this_thread::get_id() != caller;
+            wakes.fetch_add(1);
+        });
+        BOOST_TEST(!first);  // ~10 ms of fills are still queued before it
+        for (int spin = 0; spin < 20000 && wakes.load() == 0; ++spin)
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+        BOOST_TEST(wakes.load() == 1);
+        BOOST_TEST(woke_off_thread.load());
+        for (size_t i = 0; i < tickets.size(); ++i) {
+            std::atomic<bool> woken{false};
+            bool landed = be.download_landed(tickets[i], [&] { woken = true; });
+            if (!landed) {  // asked again only once woken, as the contract says
+                for (int spin = 0; spin < 20000 && !woken.load(); ++spin)
+                    std::this_thread::sleep_for(std::chrono::microseconds(100));
+                BOOST_TEST_REQUIRE(woken.load());
+                landed = be.download_landed(tickets[i], [] {});
+            }
+            BOOST_TEST_REQUIRE(landed);
+            uint32_t want = 0;
+            std::memset(&want, 0x10 + 16 * int(i) + round, sizeof want);
+            BOOST_TEST(std::all_of(dst[i].begin(), dst[i].end(), [&](int32_t v) { return uint32_t(v) == want; }));
+        }
+        const auto after = cuda::stats(be);
+        BOOST_TEST(after.host_waits == before.host_waits);
+        BOOST_TEST(after.async_download_waits > before.async_download_waits);
+    }
+    BOOST_TEST(cuda::stats(be).async_downloads >= uint64_t(3 * backend::kMaxDownloadsInFlight));
+    be.release(busy);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
