@@ -216,6 +216,10 @@ result<decode_figures> decode_on(model_session& s, dsv41::expert_source& source,
     f.decode_stats.step_wait_ns = stats1.step_wait_ns - stats0.step_wait_ns;
     f.decode_stats.step_device_ns = stats1.step_device_ns - stats0.step_device_ns;
     f.decode_stats.steps_timed = stats1.steps_timed - stats0.steps_timed;
+    f.decode_stats.host_waits = stats1.host_waits - stats0.host_waits;
+    f.decode_stats.downloads = stats1.downloads - stats0.downloads;
+    f.decode_stats.async_downloads = stats1.async_downloads - stats0.async_downloads;
+    f.decode_stats.async_download_waits = stats1.async_download_waits - stats0.async_download_waits;
     f.launches_per_token = double(f.decode_stats.launches) / double(n);
     f.expert_bytes_per_token = double(expert_bytes) / double(n);
     return f;
@@ -304,6 +308,11 @@ int run_gpu_decode(std::string_view name, const moestream_config& cfg, int64_t n
                         "MOESTREAM_STEP_SEGMENT_OPS=0)",
                         double(st.step_host_ns) / 1e6 / double(n), double(st.step_wait_ns) / 1e6 / double(n),
                         st.steps_timed ? double(st.step_device_ns) / 1e6 / double(st.steps_timed) : 0.0);
+        // The forward awaits what it reads back (issue 15): host waits per token should be zero.
+        std::printf("\n  the host's reads: %.2f awaited downloads per token (%.2f found not yet landed: the "
+                    "forward suspended), %.2f blocking downloads and %.2f host waits on the stream per token",
+                    double(st.async_downloads) / double(n), double(st.async_download_waits) / double(n),
+                    double(st.downloads) / double(n), double(st.host_waits) / double(n));
         std::printf("\n");
         std::printf("  floor: %.1f MB touched per token (dense %.1f + experts %.1f) / D2D = %.3f ms, + %s floor %.3f ms "
                     "= %.3f ms; decode at %.2fx the floor (target <= 1.5x)\n",
