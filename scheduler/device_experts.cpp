@@ -69,7 +69,14 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
     const int64_t total = m.total_experts();
     if (slots < 1) return make_error("the device expert cache must hold at least one expert");
     if (opts.copy_lanes < 1) return make_error("the device expert cache needs at least one copy lane");
-    slots = std::min(slots, total);
+    const int first_layer = opts.first_layer, end_layer = opts.end_layer < 0 ? expert_layers(m) : opts.end_layer;
+    if (first_layer < 0 || first_layer >= end_layer || end_layer > expert_layers(m))
+        return make_error("the device expert cache's layers [" + std::to_string(first_layer) + ", " +
+                          std::to_string(end_layer) + ") are not layers of the model (it has " +
+                          std::to_string(expert_layers(m)) + " with experts)");
+    int64_t served = 0;
+    for (int L = first_layer; L < end_layer; ++L) served += experts_of(m, L);
+    slots = std::min(slots, served);
     std::unique_ptr<device_experts> d(new device_experts(be, m, fill_from, std::move(opts)));
     if (!d->fill_from_) {  // the mapping: answers at once, holds nothing
         d->mapping_ = std::make_unique<resident_experts>(m);
@@ -105,6 +112,9 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
     }
     MS_ASSERT(base == total);
     d->total_ = total;
+    d->served_ = served;
+    d->first_layer_ = first_layer;
+    d->end_layer_ = end_layer;
     d->slot_of_.assign(size_t(total), -1);
     d->fetching_.assign(size_t(total), 0);
     d->missed_.assign(size_t(total), 0);
@@ -168,7 +178,7 @@ void device_experts::run_on_strand(std::function<void()> fn) const {
 status device_experts::preload_all() {
     int64_t left = slots();
     std::vector<int32_t> pending;
-    for (int L = 0; L < expert_layers(m_) && left > 0; ++L) {
+    for (int L = first_layer_; L < end_layer_ && left > 0; ++L) {
         pending.clear();
         for (int32_t e = 0; e < experts_of(m_, L) && int64_t(pending.size()) < left; ++e) pending.push_back(e);
         left -= int64_t(pending.size());
@@ -195,6 +205,7 @@ status device_experts::preload_all() {
 
 int64_t device_experts::key_of(int layer, int32_t expert) const {
     MS_ASSERT_MSG(layer >= 0 && size_t(layer) < layer_base_.size(), "expert of a layer the model does not have");
+    MS_ASSERT_MSG(layer >= first_layer_ && layer < end_layer_, "expert of a layer this device tier does not serve");
     MS_ASSERT(expert >= 0 && expert < experts_of(m_, layer));
     return layer_base_[size_t(layer)] + expert;
 }
@@ -260,7 +271,7 @@ const expert_slot_table* device_experts::slot_table(int layer) {
         if (!all_resident_.load(std::memory_order_acquire)) return nullptr;
         publish_tables();
     }
-    MS_ASSERT(layer >= 0 && size_t(layer) < tables_.size());
+    MS_ASSERT(layer >= first_layer_ && layer < end_layer_ && size_t(layer) < tables_.size());
     return &tables_[size_t(layer)];
 }
 
@@ -268,7 +279,7 @@ const expert_slot_table* device_experts::slot_table(int layer) {
 // misses, so none is placed or evicted), and every copy's compute-stream wait was issued before
 // all_resident_ was set, so the kernels reading the tables come after every copy.
 void device_experts::publish_tables() {
-    MS_ASSERT(tables_.empty() && int64_t(slots_.size()) == total_);
+    MS_ASSERT(tables_.empty() && int64_t(slots_.size()) == served_);
     slot_of_device_.bind(be_);
     slot_of_device_.resize(slot_of_.size());
     be_.upload(slot_of_device_.data(), slot_of_.data(), slot_of_.size() * sizeof(int32_t));
@@ -499,7 +510,7 @@ bool device_experts::place_landed() {
     const int after[1] = {fill_after_};
     copy_->fill(filled_event(first), std::span<const int>(after, fill_after_ >= 0 ? 1 : 0), fill_pieces_, fill_tiles_);
     stats_.issue_seconds += seconds_since(t0);
-    if (loaded_ == total_) all_resident_.store(true, std::memory_order_release);  // after the last fill's wait
+    if (loaded_ == served_) all_resident_.store(true, std::memory_order_release);  // after the last fill's wait
     return true;
 }
 

@@ -65,6 +65,10 @@ struct device_tier_options {
     // The fill source's host memory (tiered_experts::host_region()): page-locked for DMA while
     // the tier lives, so its uploads run at the bus's speed.
     std::span<std::byte> pinned_source;
+    // The layers the tier serves, [first_layer, end_layer) (-1: through the last, the draft's
+    // stages included). A draft tier of its own serves the draft's stages (layer_split_experts.h),
+    // so drafting never evicts the target's experts, nor the reverse.
+    int first_layer = 0, end_layer = -1;
     int copy_lanes = 2;  // copy streams the fills alternate between (copy_stream_options::lanes)
     bool batched_copies = true;  // copy_stream_options::batched
     // Test hook: microseconds to hold back the completion of a copy of this expert (a strand
@@ -77,7 +81,7 @@ class device_experts final : public dsv41::expert_source {
   public:
     // Bytes one slot takes (the largest expert of the target and the draft, gate + up + down).
     static size_t slot_bytes(const loaded_model& m);
-    // `slots` slots (at most m.total_experts()); an error names the bytes when the backend has no
+    // `slots` slots (at most the experts of its layers); an error names the bytes when the backend has no
     // room. With `fill_from`, the misses of need() are announced to it (its reads start at once),
     // misses are filled from its answers, and hints go to it; it must outlive this.
     static result<std::unique_ptr<device_experts>> create(backend& be, const loaded_model& m, int64_t slots,
@@ -204,6 +208,8 @@ class device_experts final : public dsv41::expert_source {
     std::vector<int64_t> layer_base_;                // first key of each layer
     std::vector<std::array<slot_matrix, 3>> parts_;  // per layer: gate, up, down in a slot
     int64_t total_ = 0;                              // experts of the model (keys)
+    int64_t served_ = 0;                             // experts of the layers this tier serves
+    int first_layer_ = 0, end_layer_ = 0;            // those layers: [first_layer_, end_layer_)
     std::vector<slot> slots_;
     // Per key: the slot of a held expert, written here when it is handed out, read by release()
     // on the holder's thread (the slot cannot change while it is held).

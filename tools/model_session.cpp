@@ -131,19 +131,30 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     const size_t dense = dense_weight_bytes(m);
     const size_t slot = device_experts::slot_bytes(m);
     const int64_t total = m.total_experts();
+    // The draft's experts get VRAM slots of their own (--draft-cache: all by default, or GiB of
+    // them; 0 shares the target's slots), so drafting never evicts the target's hot experts.
+    const int64_t draft_experts = with_draft && m.draft.has_value() ? total - int64_t(m.hp.n_layers) * m.hp.n_experts : 0;
+    int64_t draft_slots = 0;
+    if (draft_experts > 0 && cfg.cache.draft_cache_gib != 0)
+        draft_slots = cfg.cache.draft_cache_gib == cache_settings::k_all
+                          ? draft_experts
+                          : std::clamp<int64_t>(int64_t(cfg.cache.draft_cache_gib * kGiB / double(slot)), 1, draft_experts);
+    const int64_t target_total = draft_slots > 0 ? total - draft_experts : total;
     int64_t slots = std::max<int64_t>(1, int64_t(cfg.cache.device_cache_gib * kGiB / double(slot)));
-    slots = std::min(slots, total);
+    slots = std::min(slots, target_total);
     const size_t states = size_t(std::max<int64_t>(sequences, 1)) *
                           dsv41::sequence_state::memory_bytes(m.hp, cfg.runtime.context_tokens, 64,
                                                               with_draft && m.draft.has_value());
     // The forward's own buffers: a few hundred MB for the largest models' prefill chunks.
     const size_t reserve = size_t(1) << 30;
-    const size_t need = dense + size_t(slots) * slot + states + reserve;
+    const size_t need = dense + size_t(slots + draft_slots) * slot + states + reserve;
 #if MOESTREAM_HAVE_CUDA
     if (auto info = cuda::probe(0); info && need > info->free_bytes)
         return make_error("the GPU (" + info->describe() + ", " + gib(double(info->free_bytes)) +
                           " free) cannot hold the dense weights (" + gib(double(dense)) + ") + the expert cache (" +
-                          std::to_string(slots) + " experts, " + gib(double(size_t(slots) * slot)) +
+                          std::to_string(slots + draft_slots) + " experts" +
+                          (draft_slots > 0 ? " with the draft's " + std::to_string(draft_slots) : std::string()) + ", " +
+                          gib(double(size_t(slots + draft_slots) * slot)) +
                           ") + the sequence states (" + std::to_string(sequences) + " of " +
                           std::to_string(cfg.runtime.context_tokens) + " tokens, " + gib(double(states)) +
                           ") + 1 GiB of working buffers = " + gib(double(need)) +
@@ -155,7 +166,7 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     if (stream) {
         tier_options t = tiers_of(cfg, 0);
         // Everything fits on the card: the host tier only stages the preload, a layer at a time.
-        if (slots == total)
+        if (slots == target_total && (draft_slots == 0 || draft_slots == draft_experts))
             t.host_bytes = std::min<uint64_t>(t.host_bytes, uint64_t(std::max(m.hp.n_experts, m.hp.dspark_n_experts)) *
                                                                 (slot + 3 * io::kReadAlign));
         auto tiers = tiered_experts::create(m, t);
@@ -164,9 +175,19 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     }
     device_tier_options d;
     if (s.streamed) d.pinned_source = s.streamed->host_region();  // uploads straight from the host slots
-    auto ex = device_experts::create(*s.compute, m, slots, slots == total, s.streamed.get(), std::move(d));
+    device_tier_options draft_opts = d;
+    if (draft_slots > 0) d.end_layer = int(m.hp.n_layers);
+    auto ex = device_experts::create(*s.compute, m, slots, slots == target_total, s.streamed.get(), std::move(d));
     if (!ex) return ex.err();
     s.slots = std::move(*ex);
+    if (draft_slots > 0) {
+        draft_opts.first_layer = int(m.hp.n_layers);
+        auto dx = device_experts::create(*s.compute, m, draft_slots, draft_slots == draft_experts, s.streamed.get(),
+                                         std::move(draft_opts));
+        if (!dx) return dx.err();
+        s.draft_slots = std::move(*dx);
+        s.split = std::make_unique<layer_split_experts>(*s.slots, *s.draft_slots, int(m.hp.n_layers));
+    }
     return {};
 }
 
@@ -191,7 +212,7 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
     dsv41::expert_source* source = s->experts.get();
     if (!s->compute->host_memory()) {
         if (auto st = place_on_device(*s, cfg, sequences, with_draft, stream); !st) return st.err();
-        source = s->slots.get();
+        source = s->split ? static_cast<dsv41::expert_source*>(s->split.get()) : s->slots.get();
     } else if (stream) {
         // The request path reads nothing through the mapping: the dense weights are copied into
         // the backend's (anonymous) memory, experts and engram rows come through the reader. A

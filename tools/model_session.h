@@ -18,6 +18,7 @@
 #include "scheduler/model_loader.h"
 #include "scheduler/recorded_picks.h"
 #include "scheduler/engram_stream.h"
+#include "scheduler/layer_split_experts.h"
 #include "scheduler/tiered_experts.h"
 #include "spec/expert_union.h"
 
@@ -33,6 +34,11 @@ struct model_session {
     // A device backend's expert slots (VRAM), filled from `streamed` when streaming: declared
     // after it so that it goes first (its copies in flight hold host slots of it).
     std::unique_ptr<device_experts> slots;
+    // With a DSpark draft on a device backend and --draft-cache not 0: the draft's stages' VRAM
+    // slots of their own (drafting never evicts the target's experts), and the source the model
+    // reads through, which sends each layer to its tier.
+    std::unique_ptr<device_experts> draft_slots;
+    std::unique_ptr<layer_split_experts> split;
     std::unique_ptr<engram_stream> engram;       // engram rows read ahead from disk (with streaming)
     std::unique_ptr<dsv41::model> model;
 

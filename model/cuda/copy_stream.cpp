@@ -48,6 +48,10 @@ class cuda_copy_stream final : public copy_stream {
             if (const cudaError_t e = cudaHostRegister(opts_.source.data(), opts_.source.size(), cudaHostRegisterDefault);
                 e == cudaSuccess) {
                 registered_ = opts_.source.data();
+            } else if (e == cudaErrorHostMemoryAlreadyRegistered) {
+                // Another copy stream over the same host tier page-locked it (the draft's device
+                // tier beside the target's: layer_split_experts.h); that one unregisters it.
+                (void)cudaGetLastError();
             } else {
                 (void)cudaGetLastError();
                 notes_ = "the host tier (" + std::to_string(opts_.source.size() >> 20) +

@@ -15,6 +15,7 @@
 #include "device_tier_support.h"
 #include "model/q8_0_tiles.h"
 #include "scheduler/device_weights.h"
+#include "scheduler/layer_split_experts.h"
 #include "ticking_forward.h"
 
 namespace moestream::test {
@@ -218,6 +219,60 @@ BOOST_AUTO_TEST_CASE(the_forward_is_suspended_while_the_device_tier_waits, *need
 
 // The start-up tiler's threads each take a run of whole strips: the same bytes as one thread,
 // for strip counts that do not divide among the threads, one strip, and threads to spare.
+// The draft's stages in device slots of their own (layer_split_experts.h, issue 16): the resident
+// bits whether the target's slots hold one expert or all of them; each tier asked only for its own
+// layers. Run again, the same requests cost the split tiers no miss (drafting evicted nothing of
+// the target's), while one tier of as many slots as the target used, shared with the draft, loses
+// target experts to the draft and misses them again.
+BOOST_AUTO_TEST_CASE(a_draft_tier_of_its_own_never_evicts_the_target, *needs()) {
+    auto& m = fixture(kTierFx);
+    const auto reference = resident_reference();
+    const int n_layers = int(m.hp().n_layers);
+    const int64_t target = int64_t(n_layers) * m.hp().n_experts;
+    const int64_t draft = m.files->total_experts() - target;
+    BOOST_TEST_REQUIRE(draft > 0);
+    uint64_t target_used = 0;  // distinct target experts the forward needs
+    for (const int64_t target_slots : {int64_t(1), target}) {
+        auto t = host_tier(*m.files, 3, random_delay{});
+        if (skip_without_io_uring(t)) return;
+        cpu_backend be(2);
+        device_tier_options to, dro;
+        to.end_layer = n_layers;
+        to.inject_copy_delay_us = random_delay{};
+        dro.first_layer = n_layers;
+        auto td = device_experts::create(be, *m.files, target_slots, false, t->get(), to);
+        BOOST_TEST_REQUIRE(td.ok(), (td.ok() ? std::string() : td.message()));
+        auto dd = device_experts::create(be, *m.files, draft + 5, false, t->get(), dro);
+        BOOST_TEST_REQUIRE(dd.ok(), (dd.ok() ? std::string() : dd.message()));
+        BOOST_TEST((*dd)->slots() == draft);  // never more slots than its layers' experts
+        layer_split_experts split(**td, **dd, n_layers);
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, split, be);
+        BOOST_TEST(same_bits(run_forward(mdl), reference), "target slots " << target_slots);
+        const auto t1 = settled(**td), d1 = settled(**dd);
+        BOOST_TEST(d1.misses > 0u);
+        BOOST_TEST(d1.misses <= uint64_t(draft));
+        BOOST_TEST(t1.blocking_waits == 0u);
+        BOOST_TEST(d1.blocking_waits == 0u);
+        if (target_slots < target) continue;
+        target_used = t1.misses;  // every slot free: each needed expert missed once
+        BOOST_TEST(same_bits(run_forward(mdl), reference));
+        BOOST_TEST(settled(**td).misses == t1.misses);
+        BOOST_TEST(settled(**dd).misses == d1.misses);
+        BOOST_TEST(((*td)->slot_table(0) != nullptr) == (t1.misses == uint64_t(target)));
+    }
+    // The contrast: one tier over every layer with the target's working set of slots.
+    auto t = host_tier(*m.files, 3);
+    if (skip_without_io_uring(t)) return;
+    cpu_backend be(2);
+    auto shared = device_experts::create(be, *m.files, int64_t(target_used), false, t->get());
+    BOOST_TEST_REQUIRE(shared.ok(), (shared.ok() ? std::string() : shared.message()));
+    dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, **shared, be);
+    BOOST_TEST(same_bits(run_forward(mdl), reference));
+    const uint64_t first = settled(**shared).misses;
+    BOOST_TEST(same_bits(run_forward(mdl), reference));
+    BOOST_TEST(settled(**shared).misses > first, "the draft evicted no target expert from shared slots");
+}
+
 BOOST_AUTO_TEST_CASE(dense_q8_0_tiles_on_threads_as_on_one) {
     std::mt19937 rng(5);
     for (int64_t strips : {1, 13, 200, 1000}) {
