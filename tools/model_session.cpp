@@ -46,6 +46,11 @@ void model_session::print_streaming_stats() const {
                  "host->device copies: %.3f s on the compute thread, %.3f s on the copy thread (%llu experts "
                  "promoted ahead of their use)\n",
                  k.copy_seconds, k.async_copy_seconds, static_cast<unsigned long long>(k.async_promotions));
+    // The host latency of a read completion's hop from the reaper's callback to the tiers'
+    // strand (it includes waiting behind the strand's other handlers).
+    std::fprintf(stderr, "read completions: %llu posted to the strand, %.1f us each from the reaper's callback\n",
+                 static_cast<unsigned long long>(k.completions_posted),
+                 k.completions_posted ? 1e6 * k.completion_post_seconds / double(k.completions_posted) : 0.0);
     if (slots) {
         const auto d = slots->stats();
         std::fprintf(stderr,
