@@ -55,13 +55,8 @@ device_experts::device_experts(backend& be, const loaded_model& m, dsv41::expert
       m_(m),
       fill_from_(fill_from),
       opts_(std::move(opts)),
-      own_io_(opts_.executor ? nullptr : std::make_unique<asio::io_context>(1)),
-      strand_(asio::make_strand(opts_.executor ? opts_.executor : asio::any_io_executor(own_io_->get_executor()))) {
-    if (own_io_) {
-        own_work_.emplace(own_io_->get_executor());
-        own_thread_ = std::thread([io = own_io_.get()] { io->run(); });
-    }
-}
+      own_(opts_.executor ? nullptr : std::make_unique<scheduler_thread>()),
+      strand_(asio::make_strand(opts_.executor ? opts_.executor : own_->executor())) {}
 
 result<std::unique_ptr<device_experts>> device_experts::create(backend& be, const loaded_model& m, int64_t slots,
                                                                 bool preload, dsv41::expert_source* fill_from,
@@ -146,7 +141,9 @@ result<std::unique_ptr<device_experts>> device_experts::create(backend& be, cons
 
 device_experts::~device_experts() {
     // Nothing new is asked for or copied; then every fill, copy and held-back completion still
-    // out ends, each through its strand handler, before the copy stream and the slots go.
+    // out ends, each through its strand handler, before the copy stream and the slots go. On a
+    // shared scheduler thread that thread goes on after this (its owner stops it once the tiers
+    // are gone), so the tier waits for its own work here rather than for the thread's end.
     run_on_strand([this] {
         stopping_ = true;
         progress();  // waiting requests get an error, landed experts go back to the fill source
@@ -160,12 +157,15 @@ device_experts::~device_experts() {
                       "device_experts destroyed while a request was in flight");
     });
     copy_.reset();  // waits for its streams
-    own_work_.reset();
-    if (own_thread_.joinable()) own_thread_.join();
+    if (own_) own_->stop();  // its io_context lives on until the strand is gone
 }
 
+bool device_experts::on_strand_thread() const { return runs_in_this_thread(strand_.get_inner_executor()); }
+
 void device_experts::run_on_strand(std::function<void()> fn) const {
-    MS_ASSERT_MSG(!strand_.running_in_this_thread(), "a blocking device_experts call on its own strand");
+    MS_ASSERT_MSG(!on_strand_thread(),
+                  "a blocking device_experts call on the thread of its strand's executor (the scheduler's): "
+                  "it would wait for itself");
     std::promise<void> done;
     auto f = done.get_future();
     asio::post(strand_, [&] {
@@ -234,7 +234,9 @@ void device_experts::async_ready(int layer, std::span<const int32_t> pending, in
 
 result<dsv41::ready_experts> device_experts::acquire_ready(int layer, std::span<const int32_t> pending, int64_t max) {
     MS_ASSERT(!pending.empty() && max >= 1);
-    MS_ASSERT_MSG(!strand_.running_in_this_thread(), "a blocking device_experts call on its own strand");
+    MS_ASSERT_MSG(!on_strand_thread(),
+                  "device_experts::acquire_ready() on the thread of its strand's executor (the scheduler's): "
+                  "it would wait for itself; coroutines use async_ready()");
     std::promise<result<dsv41::ready_experts>> answer;
     auto f = answer.get_future();
     waiter w{layer,
@@ -436,8 +438,8 @@ void device_experts::start_fetch(int layer, std::vector<int32_t> experts, int64_
     ++in_progress_;
     trace::mark(trace::ev::dev_ask, layer, int32_t(max));
     const auto& f = fetches_.emplace(id, fetch{layer, std::move(experts), max}).first->second;
-    // The fill source answers on a thread of its own (the host tier: its strand; the mapping:
-    // inside this call): the answer is posted here either way.
+    // The fill source answers from its own strand (the host tier's, on the same scheduler thread
+    // when they share one) or inside this call (the mapping): the answer is posted here either way.
     fill_from_->async_ready(layer, f.experts, max, [this, id](result<dsv41::ready_experts> r) {
         asio::post(strand_, [this, id, r = std::move(r)]() mutable { on_fetched(id, std::move(r)); });
     });

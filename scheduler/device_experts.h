@@ -29,14 +29,14 @@
 // pins, requests asked of the fill source, waiting requests, counters); there is no mutex.
 // need(), hint(), async_ready() and release() only post to it (release() first marks the compute
 // stream on the calling thread: the forward's, which issues the kernels). The blocking forms
-// (acquire_ready(), get(), stats()) wait for the strand: for callers outside a coroutine
-// (start-up's preload, tools), counted in counters::blocking_waits; never from the strand.
+// (acquire_ready(), get(), stats(), the destructor) wait for the strand: for callers outside a
+// coroutine (start-up's preload, tools), counted in counters::blocking_waits; never from a thread
+// running the strand's executor (the scheduler's thread, shared with the host tier's strand and
+// the engine's), where the answer could never come: they assert it.
 // slot_table() is the backend's thread's (the forward's): it publishes the tables there.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <array>
 #include <atomic>
@@ -56,11 +56,14 @@
 #include "model/arch/deepseek41.h"
 #include "model/backend.h"
 #include "scheduler/model_loader.h"
+#include "scheduler/scheduler_thread.h"
 
 namespace moestream {
 
 struct device_tier_options {
-    // Where the tier's strand runs; empty: an io_context on a thread of the tier's own.
+    // Where the tier's strand runs: the serving process's scheduler (scheduler_thread::executor(),
+    // shared with the host tier's strand and the engine's; its io_context must outlive the tier);
+    // empty: a scheduler thread of the tier's own.
     boost::asio::any_io_executor executor;
     // The fill source's host memory (tiered_experts::host_region()): page-locked for DMA while
     // the tier lives, so its uploads run at the bus's speed.
@@ -174,6 +177,8 @@ class device_experts final : public dsv41::expert_source {
     static int freed_event(int32_t s) { return 2 * s; }
     static int filled_event(int32_t s) { return 2 * s + 1; }
     void run_on_strand(std::function<void()> fn) const;
+    // The calling thread runs the strand's executor: nothing there may wait for the strand.
+    bool on_strand_thread() const;
     status preload_all();
     // Uploads the slot of every expert and builds the layers' tables (every expert resident).
     void publish_tables();
@@ -219,10 +224,9 @@ class device_experts final : public dsv41::expert_source {
     backend_array<int32_t> slot_of_device_;  // slot_of_, once every expert is resident (backend thread)
     std::vector<expert_slot_table> tables_;  // per layer, once every expert is resident (backend thread)
 
-    // The strand and what it runs on (before the copy stream, whose completions post to it).
-    std::unique_ptr<boost::asio::io_context> own_io_;
-    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> own_work_;
-    std::thread own_thread_;
+    // The strand and what it runs on (before the copy stream, whose completions post to it):
+    // device_tier_options::executor, or a scheduler thread of the tier's own.
+    std::unique_ptr<scheduler_thread> own_;
     boost::asio::strand<boost::asio::any_io_executor> strand_;
     std::unique_ptr<copy_stream> copy_;
 

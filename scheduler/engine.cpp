@@ -58,7 +58,11 @@ prompt_score score_row(std::span<const float> row, int32_t token, int32_t n) {
 }  // namespace
 
 engine::engine(dsv41::model& model, engine_options opts)
-    : model_(model), opts_(opts), strand_(asio::make_strand(io_)), wake_(strand_) {
+    : model_(model),
+      opts_(std::move(opts)),
+      own_(opts_.executor ? nullptr : std::make_unique<scheduler_thread>()),
+      strand_(asio::make_strand(opts_.executor ? opts_.executor : own_->executor())),
+      wake_(strand_) {
     MS_ASSERT(opts_.max_sequences >= 1 && opts_.max_waiting >= 0 && opts_.prefill_chunk >= 1 &&
               opts_.context_tokens >= 2 && opts_.cached_sequences >= 0 && opts_.rollback >= 0);
     MS_ASSERT_MSG(validate(opts_.spec, model_).ok(), "engine_options::spec passes validate()");
@@ -74,21 +78,31 @@ engine::engine(dsv41::model& model, engine_options opts)
     stats_.layers = int(model_.hp().n_layers);
     outbox_ = std::make_unique<event_outbox>();
     wake_.expires_at(asio::steady_timer::time_point::max());
-    asio::co_spawn(strand_, step_loop(), [](std::exception_ptr e) {
-        if (!e) return;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            std::fprintf(stderr, "moestream engine: step loop stopped: %s\n", ex.what());
+    asio::co_spawn(strand_, step_loop(), [this](std::exception_ptr e) {
+        if (e) {
+            try {
+                std::rethrow_exception(e);
+            } catch (const std::exception& ex) {
+                std::fprintf(stderr, "moestream engine: step loop stopped: %s\n", ex.what());
+            }
         }
+        loop_ended_.set_value();
     });
-    io_thread_ = std::thread([this] { io_.run(); });
 }
 
 engine::~engine() {
+    MS_ASSERT_MSG(!runs_in_this_thread(strand_.get_inner_executor()),
+                  "the engine destroyed on its scheduler's thread: it waits for its step loop there");
     stopping_ = true;
     asio::post(strand_, [this] { wake_.cancel(); });
-    io_thread_.join();
+    // The scheduler thread goes on after the engine (the tiers' strands run there too), so the
+    // engine waits for its own work instead of joining it: the step loop's end (every request's
+    // final event sent or given up), then whatever the strand still holds from before (the
+    // wake-up above, if the loop ended without it) through one more handler behind it.
+    loop_ended_.get_future().wait();
+    std::promise<void> drained;
+    asio::post(strand_, [&drained] { drained.set_value(); });
+    drained.get_future().wait();
     compute_.join();
 }
 
@@ -117,6 +131,8 @@ result<std::shared_ptr<generation>> engine::submit(generation_request req) {
     }
     a->req = std::move(req);
     auto gen = a->gen;
+    MS_ASSERT_MSG(!runs_in_this_thread(strand_.get_inner_executor()),
+                  "engine::submit() on the scheduler's thread: it waits for the step loop's strand there");
     std::promise<status> admitted;
     auto fut = admitted.get_future();
     asio::post(strand_, [this, a = std::move(a), &admitted]() mutable {

@@ -7,6 +7,10 @@
 // sequence samples its token and the tokens are delivered
 // through per-request channels. A forward's rows are bit-identical to running each sequence
 // alone (see the exactness suite), so batching never changes anyone's tokens.
+// The strand runs on the serving process's scheduler thread (engine_options::executor,
+// scheduler/scheduler_thread.h), beside the expert tiers' strands: nothing the step loop does may
+// wait for a handler there (the tiers' blocking forms assert it), so its per-step time split reads
+// the tiers' waits without a round trip (tiered_experts::wait_totals()).
 //
 // Prefix reuse (llama-server's cache_prompt): agents send the whole conversation again every
 // turn, so a new request starts from the state of an earlier sequence that shares its first
@@ -31,6 +35,7 @@
 #include <array>
 #include <atomic>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/experimental/concurrent_channel.hpp>
@@ -48,6 +53,7 @@
 #include "model/sampler.h"
 #include "scheduler/asio_task.h"
 #include "scheduler/engine_spec.h"
+#include "scheduler/scheduler_thread.h"
 #include "scheduler/token_constraint.h"
 
 namespace moestream {
@@ -159,6 +165,9 @@ struct engine_options {
     std::function<forward_waits()> waits;
     // Speculative decoding of the decoding sequences (scheduler/engine_spec.h); off by default.
     speculation_options spec;
+    // Where the step loop's strand runs: the serving process's scheduler (scheduler_thread.h),
+    // shared with the expert tiers' strands; empty: a scheduler thread of the engine's own.
+    boost::asio::any_io_executor executor;
 };
 
 struct engine_stats {
@@ -196,17 +205,23 @@ class event_outbox;
 
 class engine {
   public:
-    // The model (and what it streams from) must outlive the engine.
+    // The model (and what it streams from) must outlive the engine, and so must
+    // opts.executor's io_context while it runs.
     engine(dsv41::model& model, engine_options opts);
-    ~engine();  // cancels everything, delivers final events, joins the threads
+    // Cancels everything, delivers final events, waits for the step loop's end and joins the
+    // compute thread. Not on the scheduler's thread (it waits for a handler there).
+    ~engine();
     engine(const engine&) = delete;
     engine& operator=(const engine&) = delete;
 
     // Queues a request. Errors: invalid request (empty prompt, bad token id, sampling values,
-    // prompt longer than the context) or the wait queue is full.
+    // prompt longer than the context) or the wait queue is full. Waits for the strand's answer:
+    // not on the scheduler's thread (the HTTP server's threads, tools and tests call it).
     result<std::shared_ptr<generation>> submit(generation_request req);
+    // A copy kept under a mutex: never waits for the strand, from any thread.
     engine_stats stats() const;
-    boost::asio::any_io_executor executor() { return io_.get_executor(); }
+    // The scheduler's executor the step loop's strand runs on.
+    boost::asio::any_io_executor executor() const { return strand_.get_inner_executor(); }
 
   private:
     struct active;
@@ -232,9 +247,11 @@ class engine {
     dsv41::model& model_;
     engine_options opts_;
     std::unique_ptr<engine_speculation> spec_;  // strand-owned
-    boost::asio::io_context io_;
+    // Without opts.executor: the engine's own scheduler thread (declared before the strand and
+    // the timer made on it, so that it outlives them).
+    std::unique_ptr<scheduler_thread> own_;
     std::shared_ptr<boost::asio::io_context> channels_ = std::make_shared<boost::asio::io_context>();
-    boost::asio::strand<boost::asio::io_context::executor_type> strand_;
+    boost::asio::strand<boost::asio::any_io_executor> strand_;
     // Forwards compute here; a forward awaiting experts is suspended and occupies no thread. The
     // DSpark drafter still calls model::draft() (run_sync) here, so its waits do.
     boost::asio::thread_pool compute_{1};
@@ -246,7 +263,7 @@ class engine {
     std::atomic<bool> stopping_{false};
     mutable std::mutex stats_mu_;
     engine_stats stats_;
-    std::thread io_thread_;
+    std::promise<void> loop_ended_;  // set by the step loop's completion handler
 };
 
 }  // namespace moestream

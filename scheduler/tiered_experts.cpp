@@ -32,17 +32,14 @@ uint64_t make_tag(int layer, int32_t expert, int p) {
 tiered_experts::tiered_experts(const loaded_model& m, tier_options opts)
     : m_(m),
       opts_(std::move(opts)),
-      own_io_(opts_.executor ? nullptr : std::make_unique<asio::io_context>(1)),
-      strand_(asio::make_strand(opts_.executor ? opts_.executor : asio::any_io_executor(own_io_->get_executor()))) {
-    if (own_io_) {
-        own_work_.emplace(own_io_->get_executor());
-        own_thread_ = std::thread([io = own_io_.get()] { io->run(); });
-    }
-}
+      own_(opts_.executor ? nullptr : std::make_unique<scheduler_thread>()),
+      strand_(asio::make_strand(opts_.executor ? opts_.executor : own_->executor())) {}
 
 tiered_experts::~tiered_experts() {
     // Nothing new starts; then every copy, held-back completion and read still out ends, each
-    // through its strand handler, before the tiers go.
+    // through its strand handler, before the tiers go. On a shared scheduler thread that thread
+    // goes on after this (its owner stops it once the tiers are gone), so the tier waits for its
+    // own work here rather than for the thread's end.
     run_on_strand([this] { stopping_ = true; });
     if (copier_) copier_->join();  // copies in progress post their completions
     reader_.reset();  // every in-flight read completes (or is cancelled) and posts its completion
@@ -53,12 +50,16 @@ tiered_experts::~tiered_experts() {
     run_on_strand([this] {
         MS_ASSERT_MSG(waiters_.empty(), "tiered_experts destroyed while a forward awaits its experts");
     });
-    own_work_.reset();
-    if (own_thread_.joinable()) own_thread_.join();
+    if (own_) own_->stop();  // its io_context lives on until the strand is gone
     for (int fd : remap_fds_) ::close(fd);
 }
 
+bool tiered_experts::on_strand_thread() const { return runs_in_this_thread(strand_.get_inner_executor()); }
+
 void tiered_experts::run_on_strand(std::function<void()> fn) const {
+    MS_ASSERT_MSG(!on_strand_thread(),
+                  "a blocking tiered_experts call on the thread of its strand's executor (the scheduler's): "
+                  "it would wait for itself");
     std::promise<void> done;
     auto f = done.get_future();
     asio::post(strand_, [&] {
@@ -250,13 +251,33 @@ void tiered_experts::need(int layer, std::span<const int32_t> experts) {
         return;
     }
     // The baseline blocks here until its reads land: that time is waiting, not compute.
+    if (on_strand_thread()) {
+        // From the device tier's strand (CUDA's slots over this tier), which shares the
+        // scheduler's thread: waiting for this strand there would wait for itself. The reads
+        // block that thread instead, as they blocked the device tier's strand when it had a
+        // thread of its own, and whatever the device tier asks next comes after them.
+        asio::post(strand_, [this, layer, ids = std::move(ids)] {
+            const auto t0 = std::chrono::steady_clock::now();
+            on_need(layer, ids);
+            counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            ++counters_.blocking_waits;
+            publish_waits();
+        });
+        return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     run_on_strand([&] { on_need(layer, ids); });
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     asio::post(strand_, [this, dt] {
         counters_.wait_seconds += dt;
         ++counters_.blocking_waits;
+        publish_waits();
     });
+}
+
+void tiered_experts::publish_waits() {
+    wait_total_.store(counters_.wait_seconds, std::memory_order_relaxed);
+    copy_total_.store(counters_.copy_seconds, std::memory_order_relaxed);
 }
 
 void tiered_experts::on_need(int layer, const std::vector<int32_t>& experts) {
@@ -513,6 +534,7 @@ bool tiered_experts::promote(expert_key key) {
     device_->finish_load(key, true);
     counters_.promoted_bytes += payload;
     counters_.copy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - copy_start).count();
+    publish_waits();
     host_->unpin(key);
     (void)host_->erase(key);
     return true;
@@ -668,6 +690,9 @@ void tiered_experts::async_ready(int layer, std::span<const int32_t> pending, in
 result<std::vector<std::pair<int32_t, dsv41::expert_weights>>> tiered_experts::acquire_ready(
     int layer, std::span<const int32_t> pending, int64_t max) {
     MS_ASSERT(!pending.empty() && max >= 1);
+    MS_ASSERT_MSG(!on_strand_thread(),
+                  "tiered_experts::acquire_ready() on the thread of its strand's executor (the scheduler's): "
+                  "it would wait for itself; coroutines use async_ready()");
     std::promise<result<dsv41::ready_experts>> answer;
     auto f = answer.get_future();
     waiter w{layer,
@@ -708,7 +733,10 @@ bool tiered_experts::try_serve(waiter& w) {
     dsv41::ready_experts out;
     const int layer = w.layer;
     const auto answer = [&](result<dsv41::ready_experts> r) {
-        if (w.waited) counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w.since).count();
+        if (w.waited) {
+            counters_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - w.since).count();
+            publish_waits();
+        }
         // Called here, on the strand: the forward's callback only posts its resumption.
         trace::mark(trace::ev::host_answer, layer, r ? int32_t(r->size()) : -1);
         auto done = std::move(w.done);

@@ -23,17 +23,20 @@
 // A promotion's copy runs on a copy worker between two strand handlers (the first reserves the
 // slots and pins the source, the second publishes the result), touching only those slots. An
 // async_ready() that cannot be answered yet is kept as a waiter and answered by the handler that
-// makes one of its experts resident, so no thread waits for an expert. The blocking forms
-// (acquire_ready(), get(), counters()) wait for the strand and are for callers outside a
-// coroutine (device_experts' slot fills); they must not be called from the strand's executor.
-// The strand runs on tier_options::executor, or on a thread of its own.
+// makes one of its experts resident, so no thread waits for an expert. The strand runs on
+// tier_options::executor (the serving process's scheduler thread, scheduler/scheduler_thread.h,
+// shared with the device tier's strand and the engine's), or on a thread of its own. The blocking
+// forms (acquire_ready(), get(), counters(), resident_keys(), forget_resident(), the destructor)
+// wait for the strand: for callers on other threads (start-up's preload, tools, /metrics on the
+// HTTP server's threads), never from a thread running the strand's executor, where the answer
+// could never come (they assert it). wait_totals() and layer_tallies() never wait.
 // --io-mode remap-sync keeps the published port's blocking design on purpose: need() waits
-// while the strand pread()s every miss through a pool, and promotions copy on the strand.
+// while the strand pread()s every miss through a pool, and promotions copy on the strand. (Called
+// from the scheduler's thread, as the device tier's strand does on CUDA, need() cannot wait for
+// the strand there: the reads then block that thread instead, before anything asked after them.)
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <atomic>
@@ -51,6 +54,7 @@
 #include "model/thread_pool.h"
 #include "model/arch/deepseek41.h"
 #include "scheduler/model_loader.h"
+#include "scheduler/scheduler_thread.h"
 #include "spec/expert_union.h"
 #include "storage/aligned_buffer.h"
 #include "storage/expert_cache.h"
@@ -90,7 +94,9 @@ struct tier_options {
     // copy, of this expert (a timer on the strand: no thread sleeps; timing changes only, results
     // must not move). Called on the strand.
     std::function<uint32_t(int layer, int32_t expert)> inject_delay_us;
-    // Where the tier's strand runs; empty: an io_context on a thread of the tier's own.
+    // Where the tier's strand runs: the serving process's scheduler (scheduler_thread::executor(),
+    // an io_context run by one thread; its io_context must outlive the tier); empty: a scheduler
+    // thread of the tier's own.
     boost::asio::any_io_executor executor;
 };
 
@@ -146,6 +152,14 @@ class tiered_experts final : public dsv41::expert_source {
     void hint(int layer, std::span<const int32_t> experts) override;
 
     tier_counters counters() const;  // a snapshot taken on the strand (blocks briefly)
+    // tier_counters::wait_seconds and copy_seconds as the strand last left them, without waiting
+    // for it: the engine's per-step split reads them on the scheduler's thread.
+    struct wait_total {
+        double wait_seconds = 0, copy_seconds = 0;
+    };
+    wait_total wait_totals() const {
+        return {wait_total_.load(std::memory_order_relaxed), copy_total_.load(std::memory_order_relaxed)};
+    }
     // Where each layer's announced experts were, cumulative (layers 0..out.size()-1; the draft
     // stages after the target's), for spec::step_recorder's per-step accounting (a
     // spec::tally_probe). Never blocks (see tallies_).
@@ -210,8 +224,14 @@ class tiered_experts final : public dsv41::expert_source {
         return draft_key(k) ? draft_slot(s) : host_slot(s);
     }
     void copy_parts(const layout& l, const std::byte* from, bool from_host, std::byte* to, bool to_host) const;
-    // Runs fn on the strand and waits for it (blocking forms and the destructor only).
+    // Runs fn on the strand and waits for it (blocking forms and the destructor only; never on
+    // the thread running the strand's executor).
     void run_on_strand(std::function<void()> fn) const;
+    // The calling thread runs the strand's executor (the scheduler's thread, or the tier's own):
+    // nothing there may wait for the strand.
+    bool on_strand_thread() const;
+    // Copies counters_' wait and copy seconds where wait_totals() reads them (strand only).
+    void publish_waits();
 
     // ---- strand handlers and what they call (strand only) ----
     void on_need(int layer, const std::vector<int32_t>& experts);
@@ -259,10 +279,8 @@ class tiered_experts final : public dsv41::expert_source {
     io::aligned_buffer host_buf_, device_buf_, draft_buf_;
 
     // The strand and what it runs on (declared before the reader and the copy worker, which post
-    // to it, so it outlives them).
-    std::unique_ptr<boost::asio::io_context> own_io_;
-    std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> own_work_;
-    std::thread own_thread_;
+    // to it, so it outlives them): tier_options::executor, or a scheduler thread of the tier's own.
+    std::unique_ptr<scheduler_thread> own_;
     boost::asio::strand<boost::asio::any_io_executor> strand_;
     std::unique_ptr<boost::asio::thread_pool> copier_;  // with a device tier, not remap-sync
 
@@ -314,6 +332,7 @@ class tiered_experts final : public dsv41::expert_source {
     std::set<storage::expert_key> joined_;             // demanded while loading, this layer
     uint64_t step_ = 0;
     tier_counters counters_;
+    std::atomic<double> wait_total_{0}, copy_total_{0};  // publish_waits(): read by wait_totals()
     std::vector<bool> demanded_;  // [layer * max_experts + expert]: demanded at least once
     // Device pins a promotion made for demanded experts (taken over by a take, dropped by the
     // next need()), and keys promoted that no take has found yet (their first take counts as a
