@@ -101,15 +101,18 @@ int run(const cli::args& a) {
         tok.emplace(std::move(*t));
     }
     engine_options eo;
+    eo.executor = s.scheduler->executor();  // the step loop beside the tiers' strands
     eo.max_sequences = cfg->runtime.sequences_max;
     eo.max_waiting = cfg->server.wait_queue_max;
     eo.context_tokens = cfg->runtime.context_tokens;
     if (s.streamed) {
         const tiered_experts* tiers = s.streamed.get();
         const engram_stream* engram = s.engram.get();
+        // Read on the step loop's strand, on the scheduler's thread: nothing there may wait for
+        // the tiers' strand (counters() would), so the tiers' published totals.
         eo.waits = [tiers, engram] {
             forward_waits w;
-            const auto c = tiers->counters();
+            const auto c = tiers->wait_totals();
             w.experts_s = c.wait_seconds;
             w.copy_s = c.copy_seconds;
             if (engram) w.engram_s = engram->counters().wait_seconds;

@@ -110,8 +110,9 @@ result<std::unique_ptr<backend>> make_compute(const moestream_config& cfg) {
 // Dense weights in VRAM and the experts in slots, after checking that the card holds them, the
 // slots and the sequence states (with room for the forward's buffers).
 // The streaming tiers' budgets and reader settings from the configuration.
-tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes) {
+tier_options tiers_of(const moestream_config& cfg, uint64_t device_bytes, scheduler_thread& scheduler) {
     tier_options t;
+    t.executor = scheduler.executor();
     t.device_bytes = device_bytes;
     t.host_bytes = host_tier_bytes(cfg.cache, storage::available_memory_bytes());
     t.io.depth = uint32_t(cfg.io.depth);
@@ -169,7 +170,7 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
     if (!dev) return dev.err();
     s.device = std::move(*dev);
     if (stream) {
-        tier_options t = tiers_of(cfg, 0);
+        tier_options t = tiers_of(cfg, 0, *s.scheduler);
         // Everything fits on the card: the host tier only stages the preload, a layer at a time.
         if (slots == target_total && (draft_slots == 0 || draft_slots == draft_experts))
             t.host_bytes = std::min<uint64_t>(t.host_bytes, uint64_t(std::max(m.hp.n_experts, m.hp.dspark_n_experts)) *
@@ -179,6 +180,7 @@ status place_on_device(model_session& s, const moestream_config& cfg, int64_t se
         s.streamed = std::move(*tiers);
     }
     device_tier_options d;
+    d.executor = s.scheduler->executor();
     if (s.streamed) d.pinned_source = s.streamed->host_region();  // uploads straight from the host slots
     device_tier_options draft_opts = d;
     if (draft_slots > 0) d.end_layer = int(m.hp.n_layers);
@@ -226,7 +228,7 @@ result<std::unique_ptr<model_session>> open_model_session(const moestream_config
         auto dense = upload_dense_weights(*s->compute, *s->files);
         if (!dense) return dense.err();
         s->device = std::move(*dense);
-        auto tiers = tiered_experts::create(*s->files, tiers_of(cfg, uint64_t(cfg.cache.device_cache_gib * kGiB)));
+        auto tiers = tiered_experts::create(*s->files, tiers_of(cfg, uint64_t(cfg.cache.device_cache_gib * kGiB), *s->scheduler));
         if (!tiers) return tiers.err();
         s->streamed = std::move(*tiers);
         source = s->streamed.get();

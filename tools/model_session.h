@@ -19,12 +19,19 @@
 #include "scheduler/recorded_picks.h"
 #include "scheduler/engram_stream.h"
 #include "scheduler/layer_split_experts.h"
+#include "scheduler/scheduler_thread.h"
 #include "scheduler/tiered_experts.h"
 #include "spec/expert_union.h"
 
 namespace moestream::tools {
 
 struct model_session {
+    // The serving process's one scheduler thread (scheduler/scheduler_thread.h): the tiers'
+    // strands run on it, and an engine over the session takes its executor too
+    // (engine_options::executor). Declared first, so it is stopped last: after the engine (made
+    // after the session) and the tiers below are gone, each having drained its completions
+    // through it.
+    std::unique_ptr<scheduler_thread> scheduler = std::make_unique<scheduler_thread>();
     std::unique_ptr<loaded_model> files;
     std::unique_ptr<backend> compute;            // runs the model
     cpu_backend* cpu = nullptr;                  // compute, when it is the CPU backend (bench cpu's pool, profile)
