@@ -20,10 +20,11 @@ namespace moestream::test {
 inline const char* kTierFx = "dsv41-tiny-bf16";
 
 // A host tier only (no device tier of its own: device_experts is the device tier) with room
-// for `host_experts` experts.
+// for `host_experts` experts; its strand on `executor` (empty: a thread of its own).
 inline result<std::unique_ptr<tiered_experts>> host_tier(const loaded_model& files, double host_experts,
                                                          std::function<uint32_t(int, int32_t)> delay_us = {},
-                                                         std::function<bool(int, int32_t)> read_error = {}) {
+                                                         std::function<bool(int, int32_t)> read_error = {},
+                                                         boost::asio::any_io_executor executor = {}) {
     auto probe = tiered_experts::create(files, [] {
         tier_options o;
         o.host_bytes = 1 << 26;
@@ -36,6 +37,7 @@ inline result<std::unique_ptr<tiered_experts>> host_tier(const loaded_model& fil
     o.io.chunk_bytes = 4096;
     o.inject_delay_us = std::move(delay_us);
     o.inject_read_error = std::move(read_error);
+    o.executor = std::move(executor);
     return tiered_experts::create(files, o);
 }
 
