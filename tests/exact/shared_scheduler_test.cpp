@@ -4,6 +4,8 @@
 // back get the tokens and log-probabilities (bit for bit) of an engine over resident experts, no
 // thread blocks for an expert, nothing deadlocks, and each strand's handlers really run on the
 // scheduler's thread.
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdio>
@@ -136,6 +138,25 @@ void within_minutes(const char* what, F&& body) {
 
 BOOST_AUTO_TEST_SUITE(shared_scheduler)
 
+// What the blocking forms' assertions rely on: the scheduler's executor knows its own thread,
+// also through a strand over it (as the tiers and the engine hold it), and no other.
+BOOST_AUTO_TEST_CASE(the_scheduler_thread_knows_its_own_handlers) {
+    scheduler_thread sched;
+    BOOST_TEST(!runs_in_this_thread(sched.executor()));
+    auto strand = boost::asio::make_strand(sched.executor());
+    std::promise<std::pair<bool, std::thread::id>> on_strand;
+    boost::asio::post(strand, [&] {
+        on_strand.set_value({runs_in_this_thread(strand.get_inner_executor()), std::this_thread::get_id()});
+    });
+    const auto [inside, id] = on_strand.get_future().get();
+    BOOST_TEST(inside);
+    BOOST_TEST((id == sched.thread_id()));
+    scheduler_thread other;
+    std::promise<bool> elsewhere;
+    boost::asio::post(other.executor(), [&] { elsewhere.set_value(runs_in_this_thread(sched.executor())); });
+    BOOST_TEST(!elsewhere.get_future().get());
+}
+
 // The CPU serving path (tools/model_session.cpp): the host tier with a device tier of its own
 // (one slot each) and the engine, one scheduler thread for both strands. Also run with a thread
 // per strand, to print the reaper -> strand hop of each arrangement beside the other.
@@ -252,6 +273,47 @@ BOOST_AUTO_TEST_CASE(engine_device_tier_and_host_tier_share_the_scheduler_thread
         BOOST_TEST((engine_threads.ids() == on_scheduler), "the step loop runs on the scheduler thread");
         // The tiers go before the scheduler thread, draining what they still have posted there.
         d->reset();
+        t->reset();
+    });
+}
+
+// --io-mode remap-sync under the device tier (CUDA's baseline) with both strands on one thread:
+// the device tier's strand announces the misses to the host tier, whose need() blocks in that
+// mode; on the shared thread it must not wait for the host tier's strand (it would wait for
+// itself), so the reads block the thread instead. The resident bits, and the forward ends.
+BOOST_AUTO_TEST_CASE(remap_sync_under_the_device_tier_on_one_thread, *needs()) {
+    auto& m = fixture(kTierFx);
+    std::vector<float> reference;
+    {
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, *m.experts, *m.backend);
+        reference = run_forward(mdl);
+    }
+    auto probe = host_tier(*m.files, 1);
+    if (skip_without_io_uring(probe)) return;
+    const uint64_t host_slot = (*probe)->host_slot_bytes();
+    probe->reset();
+    within_minutes("remap-sync under the device tier", [&] {
+        scheduler_thread sched;
+        tier_options o;
+        o.host_bytes = 3 * host_slot;
+        o.remap_sync = true;
+        o.executor = sched.executor();
+        auto t = tiered_experts::create(*m.files, o);
+        BOOST_TEST_REQUIRE(t.ok(), (t.ok() ? std::string() : t.message()));
+        cpu_backend be(2);
+        device_tier_options d;
+        d.executor = sched.executor();
+        auto slots = device_experts::create(be, *m.files, 2, false, t->get(), d);
+        BOOST_TEST_REQUIRE(slots.ok(), (slots.ok() ? std::string() : slots.message()));
+        dsv41::model mdl(m.hp(), m.files->weights, &*m.files->draft, **slots, be);
+        BOOST_TEST(same_bits(run_forward(mdl), reference));
+        const auto k = settled(**slots);
+        const auto h = (*t)->counters();
+        BOOST_TEST(k.blocking_waits == 0u);  // the forward never blocked in the device tier
+        BOOST_TEST(h.blocking_waits > 0u);   // remap-sync's need() did, on the scheduler thread
+        BOOST_TEST(h.disk_reads > 0u);
+        BOOST_TEST(h.read_errors == 0u);
+        slots->reset();
         t->reset();
     });
 }
