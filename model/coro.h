@@ -14,6 +14,7 @@
 // terminates.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <coroutine>
 #include <deque>
@@ -33,6 +34,23 @@ class executor {
   public:
     virtual ~executor() = default;
     virtual void post(std::coroutine_handle<> h) = 0;
+};
+
+// The hand-over between a coroutine suspending on a wait and the wake that ends the wait, which
+// may come from another thread before, during or after the suspension: whichever of the two comes
+// second continues the coroutine, the wake by posting it to the executor, the suspension by not
+// suspending (the awaitables of the expert and engram sources and of the backend's downloads).
+class wake_race {
+  public:
+    // The wake (any thread): posts `h` to `ex` when the coroutine has suspended already.
+    void wake(executor& ex, std::coroutine_handle<> h) {
+        if (second_.exchange(true, std::memory_order_acq_rel)) ex.post(h);
+    }
+    // await_suspend's answer once the call that may wake has returned: true to stay suspended.
+    bool stay_suspended() { return !second_.exchange(true, std::memory_order_acq_rel); }
+
+  private:
+    std::atomic<bool> second_{false};
 };
 
 template <class T>

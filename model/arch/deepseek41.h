@@ -152,9 +152,9 @@ class experts_ready {
     bool await_suspend(std::coroutine_handle<> h) {
         src_.async_ready(layer_, pending_, max_, [this, h](result<ready_experts> r) {
             out_.emplace(std::move(r));
-            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+            race_.wake(ex_, h);
         });
-        return !second_.exchange(true, std::memory_order_acq_rel);
+        return race_.stay_suspended();
     }
     result<ready_experts> await_resume() {
         MS_ASSERT(out_.has_value());
@@ -168,7 +168,7 @@ class experts_ready {
     int64_t max_;
     coro::executor& ex_;
     std::optional<result<ready_experts>> out_;
-    std::atomic<bool> second_{false};
+    coro::wake_race race_;
 };
 
 // ---- engram rows -------------------------------------------------------------------------------
@@ -213,10 +213,10 @@ class engram_row_ready {
     bool await_ready() const noexcept { return false; }
     bool await_suspend(std::coroutine_handle<> h) {
         ready_ = src_.row_ready(index_, row_, [this, h] {
-            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+            race_.wake(ex_, h);
         });
         if (ready_) return false;  // no wake is kept
-        return !second_.exchange(true, std::memory_order_acq_rel);
+        return race_.stay_suspended();
     }
     bool await_resume() const noexcept { return ready_; }
 
@@ -226,7 +226,7 @@ class engram_row_ready {
     int64_t row_;
     coro::executor& ex_;
     bool ready_ = false;
-    std::atomic<bool> second_{false};
+    coro::wake_race race_;
 };
 
 // ---- hooks ---------------------------------------------------------------------------------

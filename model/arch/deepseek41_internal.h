@@ -172,10 +172,10 @@ class download_landed {
     bool await_ready() const noexcept { return false; }
     bool await_suspend(std::coroutine_handle<> h) {
         landed_ = be_.download_landed(t_, [this, h] {
-            if (second_.exchange(true, std::memory_order_acq_rel)) ex_.post(h);
+            race_.wake(ex_, h);
         });
         if (landed_) return false;  // no wake is kept
-        return !second_.exchange(true, std::memory_order_acq_rel);
+        return race_.stay_suspended();
     }
     bool await_resume() const noexcept { return landed_; }
 
@@ -184,7 +184,7 @@ class download_landed {
     backend::download_ticket t_;
     coro::executor& ex_;
     bool landed_ = false;
-    std::atomic<bool> second_{false};
+    coro::wake_race race_;
 };
 
 // Activation round trip of §3.8 when the act_quant option is on (count: whole rows).
