@@ -171,13 +171,14 @@ BOOST_FIXTURE_TEST_CASE(error_event_after_the_stream_started, one_sequence_serve
     // Longer than the request limit: the stream started, so the timeout is an error event.
     raw_connection conn(srv.port());
     BOOST_TEST_REQUIRE(
-        conn.send(raw_post_1_0("/v1/messages", messages_body("Go on", 6000, R"("stream":true)"))));
+        conn.send(raw_post_1_0("/v1/messages", messages_body("Go on", 6000, R"("stream":true,"temperature":0)"))));
     const auto got = conn.read_until_close(60s);
     BOOST_TEST_REQUIRE(got.bytes.find("HTTP/1.0 200") == 0, got.bytes.substr(0, 300));
     const auto s = check_anthropic_stream(sse_events(got.bytes), "timed out");
     BOOST_TEST(s.error_type == "timeout_error");
     BOOST_TEST(s.stop_reason.empty());
     BOOST_TEST(!s.text.empty());
+    BOOST_TEST_MESSAGE("timed out after " << s.text.size() << " bytes of text");
 }
 
 BOOST_FIXTURE_TEST_CASE(prefix_cache_usage_across_turns, open_server) {
