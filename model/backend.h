@@ -239,7 +239,8 @@ class backend {
     // logits, no thread blocks on the device): download_begin() queues the copy behind every op
     // issued before it and returns; download_landed(t, wake) is true once the bytes are in dst
     // (it puts them there), else false, and `wake` runs once (on a thread of the backend's,
-    // never inside the call) when the caller should ask again: it must only hand over (post).
+    // never inside the call) when they have landed: the caller's next ask answers true. The
+    // wake must only hand over (post).
     // Each ticket is asked until it answers true; at most kMaxDownloadsInFlight are in flight.
     // Default: download() at once (the CPU backend's ops have finished when they return).
     static constexpr int kMaxDownloadsInFlight = 4;

@@ -640,8 +640,7 @@ coro::task<status> model::forward_async(std::span<const forward_item> batch, std
     // Awaited: the compute thread is free while the step runs on the device.
     const backend::download_ticket logits_ticket =
         be_.download_begin(logits.data(), ws.logits.data(), logits.size() * sizeof(float));
-    while (!co_await detail::download_landed(be_, logits_ticket, ex)) {
-    }
+    co_await detail::download_landed(be_, logits_ticket, ex);
     for (auto& h : ws.carried_hints) h.clear();  // they were for this forward
     co_return status{};
 }

@@ -275,12 +275,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
         ahead_ticket = e.be.download_begin(sc.predicted_all.data(), ws.predicted_all.data(),
                                            sc.predicted_all.size() * sizeof(int32_t));
     }
-    while (!co_await download_landed(e.be, picks_ticket, e.resume)) {
-    }
+    co_await download_landed(e.be, picks_ticket, e.resume);
     if (e.opts.hook) {
         // (The hook's upload must not find a download in flight: take the predictions first.)
-        while (n_ahead > 0 && !co_await download_landed(e.be, ahead_ticket, e.resume)) {
-        }
+        if (n_ahead > 0) co_await download_landed(e.be, ahead_ticket, e.resume);
         for (int64_t r = 0; r < n; ++r)
             e.opts.hook->picks({layer >= hp.n_layers ? pick_kind::draft_router : pick_kind::router, layer,
                                 rows.pos[size_t(r)], rows.seq_rows[size_t(r)]},
@@ -316,8 +314,7 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
     }
     // The look-ahead layers' picks, routed above: one download for all of them (landed by now,
     // normally: it was queued right behind the picks).
-    while (n_ahead > 0 && !e.opts.hook && !co_await download_landed(e.be, ahead_ticket, e.resume)) {
-    }
+    if (n_ahead > 0 && !e.opts.hook) co_await download_landed(e.be, ahead_ticket, e.resume);
     // Nearest layer first (the tiers read hints in the order they come); the carried hints join
     // the next layer's.
     for (size_t d = 0; d < n_ahead; ++d) {

@@ -131,9 +131,7 @@ coro::task<status> model::draft_async(const sequence_state& seq, int32_t next_to
         be_.download_begin(out.logits.data(), ws.logits.data(), out.logits.size() * sizeof(float)),
         be_.download_begin(out.tokens.data(), ws.draft_tokens.data() + 1, out.tokens.size() * sizeof(int32_t)),
         be_.download_begin(out.confidence.data(), ws.confidence.data(), out.confidence.size() * sizeof(float))};
-    for (const auto& t : tickets)
-        while (!co_await detail::download_landed(be_, t, ex)) {
-        }
+    for (const auto& t : tickets) co_await detail::download_landed(be_, t, ex);
     co_return status{};
 }
 

@@ -160,9 +160,10 @@ coro::task<status> moe(const env& e, const layer_weights& lw, int layer, int n_e
                        std::span<const matmul_job> extra = {}, std::span<const layer_weights* const> ahead = {},
                        const std::function<hc_update()>& update = {});
 
-// while (!co_await download_landed(be, ticket, ex)) {}: backend::download_landed() as an
-// awaitable (true: the bytes are in place; false: woken, ask again). A download that has landed,
-// or a wake inside the call, does not suspend the coroutine; otherwise the wake posts it to `ex`.
+// co_await download_landed(be, ticket, ex): backend::download_landed() as an awaitable; when it
+// resumes, the bytes are in place. A download that has landed does not suspend the coroutine;
+// otherwise the wake posts it to `ex`, and the ask after the wake finds the bytes (the backend's
+// contract).
 class download_landed {
   public:
     download_landed(backend& be, backend::download_ticket t, coro::executor& ex) : be_(be), t_(t), ex_(ex) {}
@@ -177,7 +178,11 @@ class download_landed {
         if (landed_) return false;  // no wake is kept
         return race_.stay_suspended();
     }
-    bool await_resume() const noexcept { return landed_; }
+    void await_resume() {
+        if (landed_) return;
+        landed_ = be_.download_landed(t_, {});
+        MS_ASSERT_MSG(landed_, "a download not landed when its wake came");
+    }
 
   private:
     backend& be_;
